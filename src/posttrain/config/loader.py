@@ -1,0 +1,131 @@
+"""YAML loading with `defaults:` inheritance, dotted overrides, and validation errors a person can act on.
+
+A recipe may start with `defaults: other.yaml` (or a list of files), resolved relative to the
+recipe's own folder; later files and the recipe itself override earlier ones key by key.
+Command-line overrides look like `policy.optimizer.lr=1e-5`; the value is parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used, with a message that says what to change."""
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Return `base` updated by `override`; nested dicts merge, anything else replaces."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
+    """Read a recipe and everything it inherits through `defaults:`."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ConfigError(f"`defaults:` cycle: {' -> '.join(str(p) for p in (*_seen, path))}")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    parents = data.pop("defaults", None) or []
+    if isinstance(parents, str):
+        parents = [parents]
+    merged: dict = {}
+    for parent in parents:
+        merged = deep_merge(merged, load_yaml(path.parent / parent, (*_seen, path)))
+    return deep_merge(merged, data)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` strings; `value` is parsed as YAML (`1e-5`, `true`, `[1, 2]`, `null`)."""
+    data = dict(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key.path=value")
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node: dict = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Valid keys of the model found by walking `loc` (minus its last element)."""
+    current: Any = model
+    for part in loc[:-1]:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _model_in(annotation: Any) -> Any:
+    """The BaseModel class inside `X`, `X | None` or `Optional[X]`, else the annotation itself."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return annotation
+
+
+def format_validation_error(model: type[BaseModel], err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-after")))
+        key = ".".join(str(p) for p in loc) or "<top level>"
+        if e["type"] == "extra_forbidden":
+            valid = _fields_at(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            hint = f" Did you mean `{'.'.join(str(p) for p in (*loc[:-1], close[0]))}`?" if close else ""
+            lines.append(f"unknown key `{key}`.{hint} Valid keys here: {', '.join(valid)}.")
+        else:
+            given = e.get("input")
+            given_text = "" if isinstance(given, dict) else f" (got {given!r})"
+            lines.append(f"`{key}`: {e['msg']}{given_text}.")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def validate(model: type[T], data: dict) -> T:
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(model, err)) from None
+
+
+def load_config(model: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    """Recipe file (optional) + dotted overrides -> validated config of type `model`."""
+    data = load_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides or [])
+    return validate(model, data)
+
+
+def to_yaml(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,182 @@
+"""Typed configuration models. Every default of posttrain lives in this file.
+
+Each model forbids unknown keys, so a typo fails at load time with the key's full path and
+the closest valid key (see `posttrain.config.loader`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    """Base for every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------- policy
+class OptimizerConfig(Strict):
+    """AdamW."""
+
+    lr: float = Field(2e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm; null disables."
+    )
+
+
+class SchedulerConfig(Strict):
+    """Linear warmup from 0 to lr over `warmup_steps`, then constant or cosine decay to min_lr_ratio*lr."""
+
+    name: Literal["constant", "cosine"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class PolicyConfig(Strict):
+    """The trained model and how one optimizer step is computed."""
+
+    model_name: str = Field(
+        "smollm2-135m-instruct",
+        description="A posttrain model alias (see `posttrain models list`), a local HF folder, or a hub id.",
+    )
+    tokenizer_name: str | None = Field(None, description="Defaults to model_name.")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    max_seq_len: int = Field(512, gt=1)
+    train_micro_batch_size: int = Field(4, gt=0, description="Sequences per forward/backward on one worker.")
+    logprob_batch_size: int = Field(8, gt=0, description="Sequences per forward in `logprobs`.")
+    logprob_chunk_size: int = Field(
+        2048, gt=0, description="Tokens whose full-vocabulary logits exist at once in `logprobs`."
+    )
+    activation_checkpointing: bool = False
+    fsdp: bool = Field(False, description="Shard with FSDP2 (fully_shard); CUDA only.")
+    optimizer: OptimizerConfig = OptimizerConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    seed: int = 0
+
+
+# --------------------------------------------------------------------------------- data
+class ReasoningGymConfig(Strict):
+    """Problems generated offline by the `reasoning-gym` package."""
+
+    task: str = "basic_arithmetic"
+    size: int = Field(1000, gt=0)
+    seed: int = 0
+    kwargs: dict[str, int | float | str | bool | list[str]] = Field(default_factory=dict)
+
+
+class DatasetConfig(Strict):
+    """One split of a dataset: a local file, a `datasets` name, or generated problems."""
+
+    path: str | None = Field(
+        None, description="A .jsonl/.json/.parquet file or a `datasets.load_dataset` name."
+    )
+    subset: str | None = None
+    split: str = "train"
+    reasoning_gym: ReasoningGymConfig | None = None
+    format: Literal["auto", "messages", "prompt_response"] = "auto"
+    messages_key: str = "messages"
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    context_key: str | None = Field(None, description="Prepended to the prompt, e.g. SQuAD's `context`.")
+    system_prompt: str | None = None
+    max_samples: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetConfig:
+        if (self.path is None) == (self.reasoning_gym is None):
+            raise ValueError(
+                "set exactly one of `path` (a file or dataset name) or `reasoning_gym` (generated)"
+            )
+        return self
+
+
+def _default_sft_train() -> DatasetConfig:
+    return DatasetConfig(reasoning_gym=ReasoningGymConfig(size=2000, seed=1, kwargs=_ARITH_KWARGS))
+
+
+def _default_sft_validation() -> DatasetConfig:
+    return DatasetConfig(reasoning_gym=ReasoningGymConfig(size=64, seed=1_000_001, kwargs=_ARITH_KWARGS))
+
+
+_ARITH_KWARGS: dict = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 2,
+    "operators": ["+", "-"],
+}
+
+
+class SFTDataConfig(Strict):
+    train: DatasetConfig = Field(default_factory=_default_sft_train)
+    validation: DatasetConfig | None = Field(default_factory=_default_sft_validation)
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate", description="What to do with sequences longer than policy.max_seq_len."
+    )
+
+
+# --------------------------------------------------------------------------------- infra
+class ClusterConfig(Strict):
+    """Where workers run. `ray` starts a local cluster unless RAY_ADDRESS is set; `local` runs in-process."""
+
+    backend: Literal["ray", "local"] = "ray"
+    num_nodes: int = Field(1, gt=0)
+    gpus_per_node: int = Field(0, ge=0, description="0 trains on CPU.")
+    num_workers: int | None = Field(
+        None, gt=0, description="Data-parallel policy workers; default: one per GPU, or 1 on CPU."
+    )
+    cpus_per_worker: int = Field(1, gt=0)
+
+    def policy_workers(self) -> int:
+        if self.num_workers is not None:
+            return self.num_workers
+        return max(1, self.num_nodes * self.gpus_per_node)
+
+
+class CheckpointConfig(Strict):
+    enabled: bool = True
+    save_every: int = Field(50, gt=0, description="Save every N steps (and always at the end).")
+    keep_last: int = Field(2, gt=0)
+    resume: str = Field(
+        "auto", description="`auto`: latest in the run directory; `none`: start fresh; or a checkpoint path."
+    )
+
+
+class LoggingConfig(Strict):
+    run_dir: str | None = Field(None, description="Default: runs/<algorithm>.")
+    log_every: int = Field(1, gt=0)
+    jsonl: bool = True
+    tensorboard: bool = True
+    progress: bool = True
+
+
+class SFTTrainerConfig(Strict):
+    max_steps: int | None = Field(60, gt=0, description="Stop after this many optimizer steps.")
+    num_epochs: int = Field(1, gt=0)
+    global_batch_size: int = Field(8, gt=0, description="Sequences per optimizer step, over all workers.")
+    val_every: int = Field(20, gt=0)
+    val_at_start: bool = True
+    val_batches: int | None = Field(None, gt=0, description="Cap on validation batches; null: whole set.")
+    seed: int = 0
+
+
+class SFTConfig(Strict):
+    """`posttrain sft`."""
+
+    policy: PolicyConfig = PolicyConfig(
+        optimizer=OptimizerConfig(lr=5e-5), scheduler=SchedulerConfig(warmup_steps=5), max_seq_len=256
+    )
+    data: SFTDataConfig = SFTDataConfig()
+    sft: SFTTrainerConfig = SFTTrainerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+ALGORITHM_CONFIGS: dict[str, type[Strict]] = {"sft": SFTConfig}

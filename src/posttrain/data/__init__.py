@@ -1,0 +1,1 @@
+"""Datasets, chat templates, tokenisation with loss masks, collation and sampling."""

@@ -1,0 +1,113 @@
+"""Padded tensor batches, their splits into shards and microbatches, and a resumable sampler."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.data.tokenize import TokenizedExample
+
+
+@dataclass
+class TokenBatch:
+    """B right-padded sequences.
+
+    input_ids: [B, T] long; attention_mask: [B, T] long (1 = real token);
+    loss_mask: [B, T] float, 1 where token t is a training target (always 0 at t = 0).
+    Subclasses add per-sequence [B] or per-token [B, T] tensors; `select` keeps them aligned.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_target_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum().item())
+
+    def select(self, start: int, stop: int) -> TokenBatch:
+        """Rows [start, stop), trimmed to their own longest sequence."""
+        length = int(self.attention_mask[start:stop].sum(dim=1).max().item()) if stop > start else 0
+        updates = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, torch.Tensor):
+                value = value[start:stop]
+                if value.dim() == 2:
+                    value = value[:, :length]
+            updates[field.name] = value
+        return dataclasses.replace(self, **updates)
+
+    def shards(self, n: int) -> list[TokenBatch]:
+        """n contiguous, equal shards (one per data-parallel worker)."""
+        if len(self) % n:
+            raise ValueError(f"a batch of {len(self)} sequences does not split evenly over {n} workers")
+        size = len(self) // n
+        return [self.select(i * size, (i + 1) * size) for i in range(n)]
+
+    def chunks(self, n: int) -> list[TokenBatch]:
+        """At most n contiguous, non-empty pieces whose sizes differ by at most one."""
+        n = min(n, len(self))
+        bounds = [round(i * len(self) / n) for i in range(n + 1)]
+        return [self.select(bounds[i], bounds[i + 1]) for i in range(n)]
+
+    def microbatches(self, size: int) -> Iterator[TokenBatch]:
+        for start in range(0, len(self), size):
+            yield self.select(start, min(start + size, len(self)))
+
+
+def collate(examples: Sequence[TokenizedExample], pad_id: int = 0) -> TokenBatch:
+    length = max(len(e) for e in examples)
+    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), length), dtype=torch.float32)
+    for i, e in enumerate(examples):
+        n = len(e)
+        input_ids[i, :n] = torch.tensor(e.input_ids)
+        attention_mask[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
+    loss_mask[:, 0] = 0.0
+    return TokenBatch(input_ids, attention_mask, loss_mask)
+
+
+class EpochSampler:
+    """Shuffled batches of indices, reshuffled each epoch from (seed, epoch); resumable by its state."""
+
+    def __init__(self, num_items: int, batch_size: int, *, seed: int, shuffle: bool = True) -> None:
+        if batch_size > num_items:
+            raise ValueError(f"batch size {batch_size} is larger than the dataset ({num_items} items)")
+        self.num_items, self.batch_size, self.seed, self.shuffle = num_items, batch_size, seed, shuffle
+        self.epoch, self.offset = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.num_items // self.batch_size
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_items))
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.num_items, generator=generator).tolist()
+
+    def next_batch(self) -> list[int]:
+        if self.offset + self.batch_size > self.num_items:
+            self.epoch, self.offset = self.epoch + 1, 0
+        batch = self._order()[self.offset : self.offset + self.batch_size]
+        self.offset += self.batch_size
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

@@ -1,0 +1,1 @@
+"""Worker groups on a Ray virtual cluster, and an in-process executor with the same interface."""

@@ -1,0 +1,81 @@
+"""The data-parallel group of `Policy` workers, driven by the controller with explicit methods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from posttrain.config.schema import ClusterConfig, PolicyConfig
+from posttrain.data.batching import TokenBatch
+from posttrain.distributed.workers import make_workers
+from posttrain.models.policy import LossFn, Policy, TrainResult
+
+
+class PolicyGroup:
+    """N data-parallel `Policy` ranks. Every batch is split into N equal contiguous shards."""
+
+    def __init__(
+        self, cfg: PolicyConfig, cluster: ClusterConfig, *, model_path: str, total_steps: int
+    ) -> None:
+        n = cluster.policy_workers()
+        gpus = 1 if cluster.gpus_per_node > 0 else 0
+        threads = cluster.cpus_per_worker if cluster.backend == "ray" else None
+        kwargs = [
+            dict(
+                cfg=cfg,
+                model_path=model_path,
+                total_steps=total_steps,
+                rank=r,
+                world_size=n,
+                gpus=gpus,
+                num_threads=threads,
+            )
+            for r in range(n)
+        ]
+        self.workers = make_workers(Policy, kwargs, cluster, name="policy")
+        if n > 1:
+            [(address, port)] = self.workers.run(Policy.rendezvous_address, [()])
+            self.workers.run(Policy.init_distributed, [(address, port)] * n)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    def train(self, batch: TokenBatch, loss_fn: LossFn, normalizer: float) -> TrainResult:
+        """One optimizer step on the global batch; loss metrics are summed over ranks."""
+        results: list[TrainResult] = self.workers.run(
+            Policy.train, [(shard, loss_fn, normalizer) for shard in batch.shards(self.world_size)]
+        )
+        merged = TrainResult(grad_norm=results[0].grad_norm, lr=results[0].lr)
+        for r in results:
+            merged.num_tokens += r.num_tokens
+            for key, value in r.loss_metrics.items():
+                merged.loss_metrics[key] = merged.loss_metrics.get(key, 0.0) + value
+        return merged
+
+    def logprobs(self, batch: TokenBatch, target_mask: str = "loss_mask") -> torch.Tensor:
+        """[B, T] log-probabilities, the batch split over ranks."""
+        chunks = batch.chunks(self.world_size)
+        parts = self.workers.run(Policy.logprobs, [(chunk, target_mask) for chunk in chunks])
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        start = 0
+        for chunk, part in zip(chunks, parts, strict=True):
+            out[start : start + len(chunk), : part.shape[1]] = part
+            start += len(chunk)
+        return out
+
+    def save_checkpoint(self, directory: Path) -> None:
+        self.workers.run(Policy.save_checkpoint, [(str(directory),)] * self.world_size)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        self.workers.run(Policy.load_checkpoint, [(str(directory),)] * self.world_size)
+
+    def parameters_checksum(self) -> list[float]:
+        return self.workers.run(Policy.parameters_checksum)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.workers.run(Policy.state_dict_cpu)[0]
+
+    def shutdown(self) -> None:
+        self.workers.shutdown()

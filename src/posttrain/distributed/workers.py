@@ -1,0 +1,148 @@
+"""Run N instances of a worker class and call a method on all of them.
+
+`RayWorkers` places one Ray actor per rank on a placement group (the virtual cluster);
+`LocalWorkers` holds a single instance in this process, for debugging with pdb. Both take
+the method itself (e.g. `Policy.train`), not a string, so "go to definition" works, and both
+raise `WorkerError` naming the failed worker with its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from posttrain.config.schema import ClusterConfig
+
+
+class WorkerError(RuntimeError):
+    """An exception inside a worker; the message holds the worker's name and traceback."""
+
+
+class LocalWorkers:
+    """One worker in the controller's process."""
+
+    def __init__(self, cls: type, kwargs_per_rank: Sequence[dict[str, Any]], *, name: str) -> None:
+        if len(kwargs_per_rank) != 1:
+            raise ValueError(
+                f"cluster.backend=local runs exactly one worker, but {len(kwargs_per_rank)} were asked for "
+                "(cluster.num_workers); use cluster.backend=ray for data parallelism"
+            )
+        self.names = [f"{name}-0 (local)"]
+        self.instances = [cls(**kwargs_per_rank[0])]
+
+    def __len__(self) -> int:
+        return 1
+
+    def run(self, method: Callable, args_per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
+        args = args_per_rank[0] if args_per_rank else ()
+        return [method(self.instances[0], *args, **kwargs)]
+
+    def shutdown(self) -> None:
+        self.instances.clear()
+
+
+class RayWorkers:
+    """One Ray actor per rank, placed by a placement group with one bundle per worker."""
+
+    def __init__(
+        self,
+        cls: type,
+        kwargs_per_rank: Sequence[dict[str, Any]],
+        *,
+        name: str,
+        cpus_per_worker: int = 1,
+        gpus_per_worker: int = 0,
+        timeout_s: float = 300.0,
+    ) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        n = len(kwargs_per_rank)
+        bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+        self.placement_group = placement_group([bundle] * n, strategy="PACK")
+        ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
+        if not ready:
+            ray.util.remove_placement_group(self.placement_group)
+            raise WorkerError(
+                f"the Ray cluster cannot place {n} workers of {bundle} for {name!r} within {timeout_s:.0f}s; "
+                f"it has {ray.cluster_resources()}. Lower cluster.num_workers or cluster.cpus_per_worker, "
+                "or add nodes."
+            )
+        actor_cls = ray.remote(cls)
+        self.names = [f"{name}-{rank}" for rank in range(n)]
+        self.actors = [
+            actor_cls.options(
+                num_cpus=cpus_per_worker,
+                num_gpus=gpus_per_worker,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, bundle_index=rank),
+            ).remote(**kwargs)
+            for rank, kwargs in enumerate(kwargs_per_rank)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def run(self, method: Callable, args_per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
+        """Call `method` on ranks 0..len(args_per_rank)-1 (all ranks when None); results in rank order."""
+        args_per_rank = [()] * len(self.actors) if args_per_rank is None else args_per_rank
+        if len(args_per_rank) > len(self.actors):
+            raise ValueError(f"{len(args_per_rank)} argument sets for {len(self.actors)} workers")
+        refs = [
+            getattr(actor, method.__name__).remote(*args, **kwargs)
+            for actor, args in zip(self.actors, args_per_rank, strict=False)
+        ]
+        return self._get(refs)
+
+    def _get(self, refs: list) -> list[Any]:
+        """Wait for all; the first failure is raised at once, named, even while other ranks still run."""
+        import ray
+
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except ray.exceptions.RayError as e:
+                raise WorkerError(f"worker {self.names[index[done[0]]]} failed:\n{e}") from None
+        return ray.get(refs)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+        ray.util.remove_placement_group(self.placement_group)
+
+
+Workers = LocalWorkers | RayWorkers
+
+
+def init_ray(cluster: ClusterConfig) -> None:
+    """Attach to RAY_ADDRESS if set, else start a local Ray with this machine's CPUs (no dashboard)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env_vars = {"TOKENIZERS_PARALLELISM": "false"}
+    if "PYTHONPATH" in os.environ:
+        env_vars["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=True)
+    else:
+        ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars}, log_to_driver=True)
+
+
+def make_workers(
+    cls: type, kwargs_per_rank: Sequence[dict[str, Any]], cluster: ClusterConfig, *, name: str
+) -> Workers:
+    if cluster.backend == "local":
+        return LocalWorkers(cls, kwargs_per_rank, name=name)
+    init_ray(cluster)
+    gpus = 1 if cluster.gpus_per_node > 0 else 0
+    return RayWorkers(
+        cls, kwargs_per_rank, name=name, cpus_per_worker=cluster.cpus_per_worker, gpus_per_worker=gpus
+    )

@@ -1,0 +1,1 @@
+"""Model loading helpers: offline model aliases (`posttrain.models.hub`), log-probs and optimizers."""

@@ -1,0 +1,260 @@
+"""The training policy: one data-parallel rank of a Hugging Face causal LM with its optimizer.
+
+A `Policy` runs inside a worker (a Ray actor, or the controller process in local mode). Each
+optimizer step sums microbatch losses that the caller normalised by GLOBAL counts, adds the
+gradients of all data-parallel ranks (all-reduce SUM), clips the global norm, and steps AdamW.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from posttrain.config.schema import PolicyConfig
+from posttrain.data.batching import TokenBatch
+from posttrain.models.logprobs import token_logprobs
+from posttrain.models.optim import build_optimizer
+
+LossFn = Callable[[torch.Tensor, TokenBatch, float], tuple[torch.Tensor, dict[str, float]]]
+"""(token_logprobs [B, T], microbatch, global normalizer) -> (loss, metrics summed over microbatches)."""
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint that was saved for a different model than the configured policy."""
+
+
+@dataclass
+class TrainResult:
+    """One optimizer step on one rank. `loss_metrics` are this rank's share of global means."""
+
+    loss_metrics: dict[str, float] = field(default_factory=dict)
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    num_tokens: int = 0
+
+
+def pick_device(gpus: int) -> torch.device:
+    if gpus > 0:
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "cluster.gpus_per_node > 0 but CUDA is not available; set cluster.gpus_per_node=0"
+            )
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def load_causal_lm(path: str, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+class Policy:
+    """One rank of the trained model. Methods are called by `PolicyGroup` on every rank."""
+
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        *,
+        model_path: str,
+        total_steps: int,
+        rank: int = 0,
+        world_size: int = 1,
+        gpus: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.cfg, self.rank, self.world_size, self.total_steps = cfg, rank, world_size, total_steps
+        self.device = pick_device(gpus)
+        torch.manual_seed(cfg.seed)
+        self.model = load_causal_lm(model_path, DTYPES[cfg.dtype]).to(self.device)
+        if cfg.activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.config.use_cache = False
+        self.loss_scale = 1.0  # FSDP averages gradients over ranks; it sets this to world_size
+        self.optimizer, self.scheduler = build_optimizer(
+            [p for p in self.model.parameters() if p.requires_grad], cfg.optimizer, cfg.scheduler, total_steps
+        )
+
+    # ------------------------------------------------------------------ distributed
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Called on rank 0: an address and free port for torch.distributed."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_distributed(self, address: str, port: int) -> None:
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size
+        )
+        if self.cfg.fsdp:
+            from posttrain.models.fsdp import shard_model
+
+            shard_model(self.model, dtype=DTYPES[self.cfg.dtype])
+            self.loss_scale = float(self.world_size)
+            self.optimizer, self.scheduler = build_optimizer(
+                list(self.model.parameters()), self.cfg.optimizer, self.cfg.scheduler, self.total_steps
+            )
+
+    # ------------------------------------------------------------------ compute
+    def _to_device(self, batch: TokenBatch) -> TokenBatch:
+        return type(batch)(
+            **{k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()}
+        )
+
+    def train(self, batch: TokenBatch, loss_fn: LossFn, normalizer: float) -> TrainResult:
+        """One optimizer step on this rank's shard; `normalizer` counts the whole global batch."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {}
+        for micro in batch.microbatches(self.cfg.train_micro_batch_size):
+            micro = self._to_device(micro)
+            lp = token_logprobs(
+                self.model,
+                micro.input_ids,
+                micro.attention_mask,
+                micro.loss_mask,
+                chunk_size=self.cfg.logprob_chunk_size,
+            )
+            loss, micro_metrics = loss_fn(lp, micro, normalizer)
+            (loss * self.loss_scale).backward()
+            for key, value in micro_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        if self.world_size > 1 and not self.cfg.fsdp:
+            self._all_reduce_gradients()
+        max_norm = self.cfg.optimizer.max_grad_norm or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        return TrainResult(metrics, float(grad_norm), lr, batch.num_tokens)
+
+    def _all_reduce_gradients(self) -> None:
+        """Sum gradients over ranks, one flat buffer per dtype."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in params:
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    @torch.no_grad()
+    def logprobs(self, batch: TokenBatch, target_mask: str = "loss_mask") -> torch.Tensor:
+        """[B, T] log-probabilities of the tokens where `batch.<target_mask>` is set (0 elsewhere), on CPU."""
+        self.model.eval()
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for start in range(0, len(batch), self.cfg.logprob_batch_size):
+            stop = min(start + self.cfg.logprob_batch_size, len(batch))
+            micro = self._to_device(batch.select(start, stop))
+            lp = token_logprobs(
+                self.model,
+                micro.input_ids,
+                micro.attention_mask,
+                getattr(micro, target_mask),
+                chunk_size=self.cfg.logprob_chunk_size,
+            )
+            out[start:stop, : lp.shape[1]] = lp.float().cpu()
+        return out
+
+    # ------------------------------------------------------------------ state
+    def parameters_checksum(self) -> float:
+        """Sum of all parameters in fp64: a cheap fingerprint for tests and parity checks."""
+        return float(sum(p.detach().double().sum().item() for p in self.model.parameters()))
+
+    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Rank 0 writes the model (an HF folder), optimizer and scheduler; every rank its RNG state."""
+        path = Path(directory)
+        if self.rank == 0:
+            self.model.save_pretrained(path / "model", safe_serialization=True)
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                path / "optimizer.pt",
+            )
+        torch.save(_rng_state(), path / f"rng_rank{self.rank}.pt")
+
+    def load_checkpoint(self, directory: str) -> None:
+        path = Path(directory)
+        self._load_model_weights(path / "model")
+        state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        rng_file = path / f"rng_rank{self.rank}.pt"
+        if rng_file.exists():
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+
+    def _load_model_weights(self, model_dir: Path) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise CheckpointMismatchError(f"no model weights (*.safetensors) in {model_dir}")
+        saved: dict[str, torch.Tensor] = {}
+        for f in files:
+            saved.update(load_file(f))
+        check_weights_match(self.model, saved, where=str(model_dir))
+        with torch.no_grad():
+            own = self.model.state_dict()
+            for name, tensor in saved.items():
+                own[name].copy_(tensor)
+
+
+def check_weights_match(model: torch.nn.Module, saved: dict[str, torch.Tensor], *, where: str) -> None:
+    """Raise CheckpointMismatchError unless `saved` has every (untied) tensor of `model` with its shape."""
+    own = model.state_dict()
+    tied = {name for name, t in own.items() if any(t is o and n != name for n, o in own.items() if n < name)}
+    missing = [n for n in own if n not in saved and n not in tied]
+    unexpected = [n for n in saved if n not in own]
+    wrong = [n for n in saved if n in own and tuple(saved[n].shape) != tuple(own[n].shape)]
+    if missing or unexpected or wrong:
+        examples = [f"missing {n}" for n in missing[:2]] + [f"unexpected {n}" for n in unexpected[:2]]
+        examples += [
+            f"{n}: checkpoint {tuple(saved[n].shape)} vs model {tuple(own[n].shape)}" for n in wrong[:2]
+        ]
+        raise CheckpointMismatchError(
+            f"the checkpoint at {where} does not match the configured policy model "
+            f"({len(missing)} missing, {len(unexpected)} unexpected, {len(wrong)} wrong-shape tensors; e.g. "
+            f"{'; '.join(examples)}). Resume with the model it was saved from, point checkpoint.resume at "
+            "another checkpoint, or start fresh with checkpoint.resume=none or a new logging.run_dir."
+        )
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
