@@ -32,6 +32,24 @@ def deep_merge(base: dict, override: dict) -> dict:
     return merged
 
 
+SOURCE_KEYS = frozenset({"path", "reasoning_gym"})
+"""Mutually exclusive keys of a dataset: a user who names one replaces the default's other."""
+
+
+def merge_onto_defaults(defaults: dict, user: dict) -> dict:
+    """Like `deep_merge`, but a user mapping that names a data source drops the default's source."""
+    merged = dict(defaults)
+    for key, value in user.items():
+        base = merged.get(key)
+        if isinstance(value, dict) and isinstance(base, dict):
+            if value.keys() & SOURCE_KEYS:
+                base = {k: v for k, v in base.items() if k not in SOURCE_KEYS}
+            merged[key] = merge_onto_defaults(base, value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a recipe and everything it inherits through `defaults:`."""
     path = Path(path).resolve()
@@ -121,10 +139,14 @@ def validate(model: type[T], data: dict) -> T:
 
 
 def load_config(model: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Recipe file (optional) + dotted overrides -> validated config of type `model`."""
+    """The model's defaults, then the recipe file (optional), then dotted overrides -> validated config.
+
+    Defaults are the algorithm config's own (e.g. `SFTConfig()`), so a recipe that sets one key
+    of a section keeps the algorithm's other defaults for that section.
+    """
     data = load_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
-    return validate(model, data)
+    return validate(model, merge_onto_defaults(model().model_dump(), data))
 
 
 def to_yaml(config: BaseModel) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from posttrain.config.schema import DatasetConfig, ReasoningGymConfig
 
-BOXED_INSTRUCTION = "Give only the final answer, in the form \\boxed{answer}."
+BOXED_INSTRUCTION = "Put your final answer within \\boxed{}."
 
 
 class DataError(ValueError):

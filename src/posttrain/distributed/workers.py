@@ -76,7 +76,9 @@ class RayWorkers:
             actor_cls.options(
                 num_cpus=cpus_per_worker,
                 num_gpus=gpus_per_worker,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=rank
+                ),
             ).remote(**kwargs)
             for rank, kwargs in enumerate(kwargs_per_rank)
         ]

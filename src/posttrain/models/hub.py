@@ -127,6 +127,7 @@ def pull_model(alias: str, *, force: bool = False, log: Log = print) -> Path:
         with tempfile.TemporaryDirectory(prefix="posttrain-pull-") as work:
             gguf_path = _fetch_gguf(source, Path(work), log)
             _convert_gguf(gguf_path, partial, log)
+        _make_readable(partial)
         _write_marker(partial, alias, source, gguf_path.name)
         _move_into_place(partial, final, force=force)
     finally:
@@ -298,6 +299,13 @@ def _check_saved_tokenizer(folder: Path, chat_template: str) -> None:
 
     if AutoTokenizer.from_pretrained(folder).chat_template != chat_template:
         raise RuntimeError(f"the chat template was lost when saving the tokenizer to {folder}")
+
+
+def _make_readable(folder: Path) -> None:
+    """Open up permissions (temp folders and some saved files start owner-only) for shared caches."""
+    folder.chmod(0o755)
+    for path in folder.iterdir():
+        path.chmod(0o644)
 
 
 def _write_marker(folder: Path, alias: str, source: ModelSource, gguf_name: str) -> None:

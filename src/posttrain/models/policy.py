@@ -54,7 +54,9 @@ def pick_device(gpus: int) -> torch.device:
 
 def load_causal_lm(path: str, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
 
