@@ -1,0 +1,40 @@
+import pytest
+import torch
+
+from posttrain.data.batching import EpochSampler, collate
+from posttrain.data.tokenize import TokenizedExample
+
+
+def _examples(lengths):
+    return [TokenizedExample(list(range(1, n + 1)), [0] + [1] * (n - 1)) for n in lengths]
+
+
+def test_collate_pads_right_and_never_targets_position_zero():
+    batch = collate(_examples([3, 1]), pad_id=0)
+    assert batch.input_ids.tolist() == [[1, 2, 3], [1, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 1, 1], [0, 0, 0]]
+    assert batch.num_target_tokens == 2 and batch.num_tokens == 4
+
+
+def test_select_trims_to_longest_row_and_shards_split_evenly():
+    batch = collate(_examples([5, 2, 3, 1]))
+    first, second = batch.shards(2)
+    assert first.input_ids.shape == (2, 5) and second.input_ids.shape == (2, 3)
+    assert torch.equal(second.loss_mask, batch.loss_mask[2:, :3])
+    with pytest.raises(ValueError, match="does not split evenly"):
+        batch.shards(3)
+    assert [len(c) for c in batch.chunks(3)] == [1, 2, 1]
+
+
+def test_sampler_reshuffles_per_epoch_and_resumes_from_state():
+    a = EpochSampler(10, 4, seed=3)
+    order = [a.next_batch() for _ in range(5)]  # 2 batches per epoch (last 2 items dropped)
+    assert a.epoch == 2
+    assert sorted(order[0] + order[1]) != list(range(8)) or order[0] != order[2]
+    assert len(set(order[0]) | set(order[1])) == 8  # no repeats within an epoch
+    b = EpochSampler(10, 4, seed=3)
+    [b.next_batch() for _ in range(3)]
+    c = EpochSampler(10, 4, seed=3)
+    c.load_state_dict(b.state_dict())
+    assert [c.next_batch() for _ in range(2)] == order[3:5]
