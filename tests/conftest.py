@@ -82,3 +82,42 @@ def ray_cluster():
     )
     yield
     ray.shutdown()
+
+
+def write_sft_jsonl(path: Path, n: int = 32, seed: int = 0) -> Path:
+    """n chat rows of varied length (so microbatch splits differ in padding)."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            words = " ".join(["please"] * rng.randint(0, 12))
+            messages = [
+                {"role": "user", "content": f"{words} What is {a} + {b}?"},
+                {"role": "assistant", "content": f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}."},
+            ]
+            f.write(json.dumps({"messages": messages}) + "\n")
+    return path
+
+
+def sft_overrides(model_dir: Path, data: Path, run_dir: Path, **extra) -> list[str]:
+    base = {
+        "policy.model_name": str(model_dir),
+        "policy.max_seq_len": 128,
+        "policy.optimizer.lr": 1e-3,
+        "data.train.path": str(data),
+        "data.validation.path": str(data),
+        "data.validation.max_samples": 8,
+        "sft.global_batch_size": 8,
+        "sft.max_steps": 6,
+        "sft.num_epochs": 4,
+        "policy.scheduler.warmup_steps": 0,
+        "sft.val_every": 3,
+        "cluster.backend": "local",
+        "logging.run_dir": str(run_dir),
+        "logging.tensorboard": False,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]

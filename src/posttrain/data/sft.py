@@ -76,15 +76,13 @@ def build_sft_dataset(
     examples, truncated, dropped = [], 0, 0
     for row in rows:
         example = tokenize_conversation(tokenizer, row_to_messages(row, cfg))
-        if len(example) > max_seq_len:
-            if overlong == "drop":
-                dropped += 1
-                continue
-            truncated += 1
+        too_long = len(example) > max_seq_len
+        if too_long and overlong == "truncate":
             example = TokenizedExample(example.input_ids[:max_seq_len], example.loss_mask[:max_seq_len])
-        if sum(example.loss_mask[1:]) == 0:
+        if (too_long and overlong == "drop") or sum(example.loss_mask[1:]) == 0:
             dropped += 1
             continue
+        truncated += too_long
         examples.append(example)
     if not examples:
         raise DataError(

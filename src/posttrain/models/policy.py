@@ -230,7 +230,12 @@ class Policy:
 def check_weights_match(model: torch.nn.Module, saved: dict[str, torch.Tensor], *, where: str) -> None:
     """Raise CheckpointMismatchError unless `saved` has every (untied) tensor of `model` with its shape."""
     own = model.state_dict()
-    tied = {name for name, t in own.items() if any(t is o and n != name for n, o in own.items() if n < name)}
+    first_name_of: dict[int, str] = {}
+    tied = set()  # later names of a shared tensor (e.g. lm_head.weight tied to the embeddings)
+    for name, tensor in own.items():
+        if tensor.data_ptr() in first_name_of:
+            tied.add(name)
+        first_name_of.setdefault(tensor.data_ptr(), name)
     missing = [n for n in own if n not in saved and n not in tied]
     unexpected = [n for n in saved if n not in own]
     wrong = [n for n in saved if n in own and tuple(saved[n].shape) != tuple(own[n].shape)]

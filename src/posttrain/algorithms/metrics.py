@@ -1,0 +1,134 @@
+"""Pure metrics for RL post-training: train/generation logprob agreement, entropy, pass@k, cons@k,
+reward statistics. Tensor metrics return 0-dim tensors (call ``.item()`` to log them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from posttrain.algorithms.advantages import group_statistics
+from posttrain.algorithms.dapo import zero_variance_groups
+from posttrain.algorithms.policy_loss import masked_mean
+
+
+def _diff(train_logprobs: torch.Tensor, gen_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    valid = mask.to(torch.bool)
+    zero = torch.zeros_like(train_logprobs)
+    gen = gen_logprobs.to(train_logprobs.dtype)
+    return torch.where(valid, train_logprobs, zero) - torch.where(valid, gen, zero)
+
+
+def token_mult_prob_error(
+    train_logprobs: torch.Tensor, gen_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean multiplicative probability error between trainer and inference engine (NeMo RL's).
+
+        error = (1/|valid|) sum_{valid t} exp(|log π_gen(x_t) - log π_train(x_t)|)
+
+    1.0 means the two agree exactly on every sampled token; 1.05 means a 5 % typical gap.
+    Shapes: [B, T] x3 -> scalar. No valid token -> 0.
+    """
+    return masked_mean(torch.exp(_diff(train_logprobs, gen_logprobs, mask).abs()), mask)
+
+
+def generation_kl(
+    train_logprobs: torch.Tensor, gen_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Estimate of KL(π_gen || π_train) from the tokens the inference engine sampled (x ~ π_gen).
+
+    Schulman's k3 estimator with r = π_train(x) / π_gen(x):
+
+        KL ≈ (1/|valid|) sum_{valid t} [ r_t - log r_t - 1 ],   log r_t = log π_train - log π_gen
+
+    Unbiased for KL(π_gen || π_train) since E_{π_gen}[r] = 1, and >= 0 per token.
+    Shapes: [B, T] x3 -> scalar. No valid token -> 0.
+    """
+    log_r = _diff(train_logprobs, gen_logprobs, mask)
+    return masked_mean(torch.exp(log_r) - log_r - 1, mask)
+
+
+def approx_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Monte-Carlo entropy estimate from the sampled tokens: H ≈ -(1/|valid|) sum_{valid t} log π(x_t).
+
+    Unbiased for the per-token entropy when the tokens were sampled from π (at temperature 1).
+    Shapes: [B, T] x2 -> scalar.
+    """
+    return -masked_mean(logprobs, mask)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, Codex, arXiv:2107.03374).
+
+        pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i)
+
+    The product form avoids huge binomials. If n - c < k every k-subset holds a correct sample: 1.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got n={n}, k={k}")
+    if n - c < k:
+        return 1.0
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+def majority_vote(
+    answers: Sequence[Hashable | None], correct: Sequence[bool]
+) -> tuple[Hashable | None, bool]:
+    """Self-consistency majority vote (Wang et al. 2022, arXiv:2203.11171).
+
+    The voted answer is the most frequent extracted answer; ``None`` (no answer extracted) never
+    wins. Ties are broken by first occurrence: among the most frequent answers, the one whose
+    first sample comes earliest in ``answers`` wins. The vote is correct iff the first sample
+    carrying the voted answer is correct. All None (or empty) -> (None, False).
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"answers ({len(answers)}) and correct ({len(correct)}) differ in length")
+    counts = Counter(a for a in answers if a is not None)
+    if not counts:
+        return None, False
+    best = max(counts.values())
+    for answer, ok in zip(answers, correct, strict=True):
+        if answer is not None and counts[answer] == best:
+            return answer, bool(ok)
+    raise AssertionError("unreachable")
+
+
+def cons_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], k: int | None = None) -> float:
+    """cons@k: 1.0 if the majority vote over the first k samples is correct, else 0.0.
+
+    k = None uses all samples. Ties as in ``majority_vote`` (earliest first occurrence wins).
+    """
+    if k is not None:
+        if not 1 <= k <= len(answers):
+            raise ValueError(f"need 1 <= k <= {len(answers)}, got k={k}")
+        answers, correct = answers[:k], correct[:k]
+    return 1.0 if majority_vote(answers, correct)[1] else 0.0
+
+
+def reward_statistics(rewards: torch.Tensor, group_ids: torch.Tensor | None = None) -> dict[str, float]:
+    """Summary of a batch's rewards, for logging.
+
+    mean, std (sample std, Bessel; 0 for one sample), min, max; with group_ids also
+    group_std_mean (mean over samples of their group's sample std) and zero_variance_fraction
+    (fraction of samples whose group has all-equal rewards: no GRPO learning signal).
+    """
+    r = rewards.to(torch.float64)
+    if r.numel() == 0:
+        return {}
+    stats = {
+        "mean": r.mean().item(),
+        "std": r.std().item() if r.numel() > 1 else 0.0,
+        "min": r.min().item(),
+        "max": r.max().item(),
+    }
+    if group_ids is not None:
+        stats["group_std_mean"] = group_statistics(r, group_ids).std.mean().item()
+        stats["zero_variance_fraction"] = zero_variance_groups(r, group_ids).to(torch.float64).mean().item()
+    return stats

@@ -1,0 +1,38 @@
+"""Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter.
+
+`EnvironmentGroup` runs any of them as Ray actors or in-process.
+See docs/environments.md for writing your own.
+"""
+
+from posttrain.environments.group import EnvironmentGroup
+from posttrain.environments.interface import (
+    ENVIRONMENTS,
+    Environment,
+    EnvStepResult,
+    Message,
+    RewardFunctionEnvironment,
+    last_assistant_content,
+    make_environment,
+    register_environment,
+    resolve_environment,
+)
+from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
+from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
+
+__all__ = [
+    "ENVIRONMENTS",
+    "CallOutcome",
+    "EnvStepResult",
+    "EnvironmentGroup",
+    "Environment",
+    "MathEnvironment",
+    "Message",
+    "RewardFunctionEnvironment",
+    "TimeoutPool",
+    "extract_last_boxed",
+    "last_assistant_content",
+    "make_environment",
+    "math_verify_equal",
+    "register_environment",
+    "resolve_environment",
+]

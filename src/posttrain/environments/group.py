@@ -1,0 +1,186 @@
+"""Run an environment as N Ray actors (or in this process) and step a batch across them.
+
+    envs = EnvironmentGroup("math", {"timeout_s": 5.0}, num_workers=2)
+    result = envs.step(message_logs, metadata)      # split in contiguous chunks, results in input order
+    metrics = envs.batch_metrics(result)
+    envs.shutdown()
+
+Per-sample verifier failures are the environment's business (they score 0 and are counted).
+An exception from a worker's `step` (a bug, bad metadata) fails the whole batch and is raised
+here as `WorkerError`, naming the worker and carrying its traceback.
+
+Environment actors reserve `cpus_per_worker` CPUs (0 by default), so they always fit next to
+policy and generation workers, which hold the CPUs through placement groups; verification is
+short and bursty, between generation and training.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from posttrain.distributed.workers import WorkerError
+from posttrain.environments.interface import EnvStepResult, Message, resolve_environment
+
+
+class _EnvWorker:
+    """Holds one environment; the body of each Ray actor (and of the local backend)."""
+
+    def __init__(self, env_cls: type, kwargs: dict[str, Any]) -> None:
+        self.env = env_cls(**kwargs)
+
+    def ready(self) -> bool:
+        return True
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
+        return self.env.step(message_logs, metadata)
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        return self.env.batch_metrics(results)
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            close()
+
+
+class EnvironmentGroup:
+    """`num_workers` copies of one environment; `step` splits a batch across them.
+
+    Args:
+        name: a registered environment name ("math"), an import path ("pkg.module:Class"),
+            or a class. The class is resolved here, so environments registered in the driver's
+            script work in the actors too.
+        kwargs: constructor arguments of the environment.
+        num_workers: Ray actors (ignored by the local backend, which holds one environment).
+        backend: "ray" (actors; Ray is started with `init_ray` if it is not running) or "local"
+            (in this process, for debugging).
+        cpus_per_worker: CPUs each actor reserves from Ray's scheduler.
+    """
+
+    def __init__(
+        self,
+        name: str | type,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        num_workers: int = 1,
+        backend: Literal["ray", "local"] = "ray",
+        cpus_per_worker: float = 0.0,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        env_cls = resolve_environment(name)
+        kwargs = dict(kwargs or {})
+        label = name if isinstance(name, str) else env_cls.__name__
+        self.backend = backend
+        self._local: _EnvWorker | None = None
+        self._actors: list[Any] = []
+        if backend == "local":
+            self.names = [f"env-{label}-0 (local)"]
+            try:
+                self._local = _EnvWorker(env_cls, kwargs)
+            except Exception as e:
+                raise WorkerError(f"environment worker {self.names[0]} failed to start: {e!r}") from e
+        elif backend == "ray":
+            import ray
+
+            from posttrain.config.schema import ClusterConfig
+            from posttrain.distributed.workers import init_ray
+
+            init_ray(ClusterConfig())
+            actor_cls = ray.remote(_EnvWorker)
+            self.names = [f"env-{label}-{rank}" for rank in range(num_workers)]
+            self._actors = [
+                actor_cls.options(num_cpus=cpus_per_worker).remote(env_cls, kwargs)
+                for _ in range(num_workers)
+            ]
+            try:
+                self._get([actor.ready.remote() for actor in self._actors])
+            except WorkerError:
+                self.shutdown()
+                raise
+        else:
+            raise ValueError(f"backend must be 'ray' or 'local', got {backend!r}")
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.names)
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
+        """Step every sample; the batch is split in contiguous chunks, one per worker, results in input order."""
+        if len(message_logs) != len(metadata):
+            raise ValueError(f"{len(message_logs)} message logs but {len(metadata)} metadata entries")
+        n = len(message_logs)
+        if n == 0:
+            return EnvStepResult(rewards=[], observations=[], done=[], metadata=[], info=[])
+        if self._local is not None:
+            try:
+                chunks = [self._local.step(message_logs, metadata)]
+            except Exception as e:
+                raise WorkerError(f"environment worker {self.names[0]} failed: {e!r}") from e
+            bounds = [0, n]
+        else:
+            if not self._actors:
+                raise RuntimeError("the environment group is shut down")
+            k = min(len(self._actors), n)
+            bounds = [n * r // k for r in range(k + 1)]
+            chunks = self._get(
+                [
+                    self._actors[r].step.remote(
+                        message_logs[bounds[r] : bounds[r + 1]], metadata[bounds[r] : bounds[r + 1]]
+                    )
+                    for r in range(k)
+                ]
+            )
+        for r, chunk in enumerate(chunks):
+            if len(chunk) != bounds[r + 1] - bounds[r]:
+                raise WorkerError(
+                    f"environment worker {self.names[r]} returned {len(chunk)} results for "
+                    f"{bounds[r + 1] - bounds[r]} samples"
+                )
+        return EnvStepResult.concat(chunks)
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        """The environment's metrics over a whole (concatenated) batch, computed by worker 0."""
+        if self._local is not None:
+            return self._local.batch_metrics(results)
+        if not self._actors:
+            raise RuntimeError("the environment group is shut down")
+        return self._get([self._actors[0].batch_metrics.remote(results)])[0]
+
+    def _get(self, refs: list) -> list[Any]:
+        """Wait for all; the first failure is raised at once, naming its worker (refs[r] is worker r's)."""
+        import ray
+
+        index = {ref: r for r, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except ray.exceptions.RayError as e:
+                raise WorkerError(f"environment worker {self.names[index[done[0]]]} failed:\n{e}") from None
+        return ray.get(refs)
+
+    def shutdown(self) -> None:
+        """Close the environments (stopping their verifier processes) and end the actors. Idempotent."""
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+        if self._actors:
+            import ray
+
+            try:
+                ray.wait(
+                    [a.close.remote() for a in self._actors], num_returns=len(self._actors), timeout=10.0
+                )
+            except Exception:  # noqa: BLE001 - dead actors are killed below anyway
+                pass
+            for actor in self._actors:
+                ray.kill(actor)
+            self._actors = []
+
+    def __enter__(self) -> EnvironmentGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

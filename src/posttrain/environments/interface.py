@@ -1,0 +1,207 @@
+"""The `Environment` protocol, its step result, a reward-function adapter and the registry.
+
+An environment scores a batch of conversations. The rollout loop calls
+`env.step(message_logs, metadata)` after each generation turn and gets, per sample, a reward,
+the next observation (a message to append for another turn, or None), a done flag, updated
+metadata and diagnostics. `env.batch_metrics(result)` turns diagnostics into logged numbers.
+
+Writing a reward for a single-turn task takes one function (see docs/environments.md):
+
+    def reward(completion: str, metadata: dict) -> float:
+        return float(metadata["answer"] in completion)
+
+    env = RewardFunctionEnvironment(reward)
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from posttrain.environments.timeout_pool import TIMEOUT, TimeoutPool
+
+Message = dict[str, str]
+"""One chat message: {"role": "system" | "user" | "assistant" | "tool", "content": str}."""
+
+
+@dataclass
+class EnvStepResult:
+    """What `Environment.step` returns for a batch of B samples; every list has length B.
+
+    rewards: the reward of this turn.
+    observations: the next message to append (e.g. a tool result or user turn), None when done.
+    done: whether the episode of this sample is over.
+    metadata: the sample's metadata, updated (passed to the next `step` of a multi-turn episode).
+    info: per-sample diagnostics (e.g. "extracted_answer", "verifier_error"), read by
+        `batch_metrics` and written to rollout logs; not used for training.
+    """
+
+    rewards: list[float]
+    observations: list[Message | None]
+    done: list[bool]
+    metadata: list[dict[str, Any]]
+    info: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.info:
+            self.info = [{} for _ in self.rewards]
+        lengths = {len(x) for x in (self.rewards, self.observations, self.done, self.metadata, self.info)}
+        if len(lengths) != 1:
+            raise ValueError(
+                "EnvStepResult fields must all have one entry per sample; got lengths "
+                f"rewards={len(self.rewards)} observations={len(self.observations)} done={len(self.done)} "
+                f"metadata={len(self.metadata)} info={len(self.info)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    @classmethod
+    def concat(cls, results: Sequence[EnvStepResult]) -> EnvStepResult:
+        """Concatenate per-chunk results, keeping order."""
+        return cls(
+            rewards=[r for x in results for r in x.rewards],
+            observations=[o for x in results for o in x.observations],
+            done=[d for x in results for d in x.done],
+            metadata=[m for x in results for m in x.metadata],
+            info=[i for x in results for i in x.info],
+        )
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Scores a batch of conversations; see `EnvStepResult` for what comes back.
+
+    `step` must return one entry per input sample, in input order. A failure that concerns one
+    sample (a verifier error) should score that sample (usually 0) and be recorded in `info`;
+    an exception from `step` is for failures of the whole batch and stops the run.
+    Environments may also define `close()` to release processes; `EnvironmentGroup` calls it.
+    """
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult: ...
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]: ...
+
+
+def last_assistant_content(message_log: Sequence[Message]) -> str:
+    """The content of the last assistant message ("" if there is none)."""
+    for message in reversed(message_log):
+        if message.get("role") == "assistant":
+            return message.get("content") or ""
+    return ""
+
+
+def verifier_error_metrics(results: EnvStepResult) -> dict[str, float]:
+    """`env/verifier_errors` (all failed verifications: exceptions and timeouts) and `env/verifier_timeouts`."""
+    errors = [i.get("verifier_error") for i in results.info]
+    return {
+        "env/verifier_errors": float(sum(e is not None for e in errors)),
+        "env/verifier_timeouts": float(sum(e == TIMEOUT for e in errors)),
+    }
+
+
+class RewardFunctionEnvironment:
+    """A single-turn environment from a function `reward_fn(completion, metadata) -> float`.
+
+    `completion` is the content of the last assistant message; `metadata` is the dataset row's
+    metadata (e.g. {"answer": "42"}). If `reward_fn` raises, the sample scores 0 and is counted
+    in `env/verifier_errors`. With `timeout_s`, calls run in a subprocess (`TimeoutPool`) and a
+    call that takes longer also scores 0 (then `reward_fn` must be picklable: a module-level
+    function, or any callable if cloudpickle is installed).
+    """
+
+    def __init__(
+        self,
+        reward_fn: Callable[[str, dict[str, Any]], float],
+        *,
+        timeout_s: float | None = None,
+        num_procs: int = 1,
+    ) -> None:
+        self.reward_fn = reward_fn
+        self.timeout_s = timeout_s
+        self.num_procs = num_procs
+        self._pool: TimeoutPool | None = None
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
+        completions = [last_assistant_content(log) for log in message_logs]
+        if self.timeout_s is None:
+            rewards, errors = [], []
+            for completion, meta in zip(completions, metadata, strict=True):
+                try:
+                    rewards.append(float(self.reward_fn(completion, meta)))
+                    errors.append(None)
+                except Exception as e:  # one sample's failure scores it 0; the batch goes on
+                    rewards.append(0.0)
+                    errors.append(f"exception: {type(e).__name__}: {e}"[:500])
+        else:
+            if self._pool is None:
+                self._pool = TimeoutPool(self.reward_fn, timeout_s=self.timeout_s, num_procs=self.num_procs)
+            outcomes = self._pool.map(list(zip(completions, metadata, strict=True)))
+            rewards = [float(o.value) if o.ok else 0.0 for o in outcomes]
+            errors = [o.error for o in outcomes]
+        n = len(message_logs)
+        return EnvStepResult(
+            rewards=rewards,
+            observations=[None] * n,
+            done=[True] * n,
+            metadata=[dict(m) for m in metadata],
+            info=[{"verifier_error": e} for e in errors],
+        )
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        n = max(len(results), 1)
+        return {"env/reward_mean": sum(results.rewards) / n, **verifier_error_metrics(results)}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+
+ENVIRONMENTS: dict[str, type] = {}
+"""Environment classes by name, for configs (`env.name: math`). Add yours with `register_environment`."""
+
+
+def register_environment(name: str) -> Callable[[type], type]:
+    """Class decorator: `@register_environment("my_env")` makes `make_environment("my_env")` work."""
+
+    def decorator(cls: type) -> type:
+        if name in ENVIRONMENTS and ENVIRONMENTS[name] is not cls:
+            raise ValueError(
+                f"environment {name!r} is already registered as {ENVIRONMENTS[name].__qualname__}"
+            )
+        ENVIRONMENTS[name] = cls
+        return cls
+
+    return decorator
+
+
+register_environment("reward_fn")(RewardFunctionEnvironment)
+
+
+def resolve_environment(name: str | type) -> type:
+    """A registered name, an import path "package.module:ClassName", or a class itself."""
+    if isinstance(name, type):
+        return name
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS[name]
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    raise ValueError(
+        f"unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}. Register yours with "
+        "@register_environment(name), or give an import path like 'my_package.envs:MyEnvironment'"
+    )
+
+
+def make_environment(name: str | type, **kwargs: Any) -> Environment:
+    """Build an environment by registered name (or import path, or class) with its constructor kwargs."""
+    env = resolve_environment(name)(**kwargs)
+    if not isinstance(env, Environment):
+        raise TypeError(f"{type(env).__qualname__} does not implement Environment (step and batch_metrics)")
+    return env

@@ -1,0 +1,253 @@
+"""MathEnvironment: boxed extraction, math-verify equivalence, and verifiers that raise, hang or die."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from posttrain.environments import (
+    ENVIRONMENTS,
+    Environment,
+    EnvStepResult,
+    MathEnvironment,
+    RewardFunctionEnvironment,
+    extract_last_boxed,
+    make_environment,
+)
+from posttrain.environments.timeout_pool import TimeoutPool
+
+# --- verifiers injected into the subprocess; module level so that they pickle by reference ---
+
+
+def raising_verify(prediction: str, answer: str) -> bool:
+    if prediction == "boom":
+        raise ZeroDivisionError("verifier bug")
+    return prediction == answer
+
+
+def hanging_verify(prediction: str, answer: str) -> bool:
+    if prediction == "hang":
+        time.sleep(60)
+    return prediction == answer
+
+
+def dying_verify(prediction: str, answer: str) -> bool:
+    if prediction == "die":
+        os._exit(3)
+    return prediction == answer
+
+
+def logs_for(*completions: str) -> list[list[dict[str, str]]]:
+    return [
+        [{"role": "user", "content": "What is it?"}, {"role": "assistant", "content": c}] for c in completions
+    ]
+
+
+@pytest.fixture
+def math_env():
+    env = MathEnvironment(timeout_s=10.0)
+    yield env
+    env.close()
+
+
+# --- extraction ---
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so the answer is \\boxed{42}.", "42"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),
+        ("first \\boxed{1}, then \\boxed{2}, finally \\boxed{3}", "3"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("\\boxed { 7 }", "7"),
+        ("\\fbox{5}", "5"),
+        ("no box here, the answer is 5", None),
+        ("truncated \\boxed{1} then \\boxed{\\frac{1}{2", None),
+        ("\\boxed{3} and the word \\boxed alone", "3"),
+        ("", None),
+    ],
+)
+def test_extract_last_boxed(text, expected):
+    assert extract_last_boxed(text) == expected
+
+
+# --- scoring with math-verify ---
+
+
+def test_correct_incorrect_and_equivalent_forms(math_env):
+    completions = [
+        "half: \\boxed{1/2}",  # 0.5
+        "\\boxed{\\frac{1}{2}}",  # 0.5
+        "\\boxed{-17}",  # -17
+        "\\boxed{17}",  # -17: wrong sign
+        "I think \\boxed{3} no wait \\boxed{4}",  # 4: the last box counts
+        "I think \\boxed{4} no wait \\boxed{3}",  # 4: wrong
+        "the answer is 4",  # no box
+        "\\boxed{x + 1}",  # 1+x
+    ]
+    answers = ["0.5", "0.5", "-17", "-17", "4", "4", "4", "1+x"]
+    result = math_env.step(logs_for(*completions), [{"answer": a, "id": k} for k, a in enumerate(answers)])
+    assert result.rewards == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert result.done == [True] * 8
+    assert result.observations == [None] * 8
+    assert [m["id"] for m in result.metadata] == list(range(8))
+    assert result.info[0]["extracted_answer"] == "1/2"
+    assert result.info[6]["extracted_answer"] is None
+    assert all(i["verifier_error"] is None for i in result.info)
+    metrics = math_env.batch_metrics(result)
+    assert metrics["env/accuracy"] == pytest.approx(5 / 8)
+    assert metrics["env/boxed_rate"] == pytest.approx(7 / 8)
+    assert metrics["env/verifier_errors"] == 0
+    assert metrics["env/verifier_timeouts"] == 0
+
+
+def test_numeric_answer_and_last_assistant_message(math_env):
+    log = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "\\boxed{1}"},
+        {"role": "user", "content": "\\boxed{12}"},
+        {"role": "assistant", "content": "Final: \\boxed{12}"},
+    ]
+    result = math_env.step([log], [{"answer": 12}])
+    assert result.rewards == [1.0]
+
+
+def test_format_reward_for_a_wrong_boxed_answer():
+    env = MathEnvironment(timeout_s=10.0, format_reward=0.1)
+    try:
+        result = env.step(logs_for("\\boxed{5}", "5", "\\boxed{6}"), [{"answer": "6"}] * 3)
+    finally:
+        env.close()
+    assert result.rewards == [0.1, 0.0, 1.0]
+
+
+def test_missing_answer_fails_the_batch(math_env):
+    with pytest.raises(ValueError, match="answer"):
+        math_env.step(logs_for("\\boxed{1}"), [{"solution": "1"}])
+
+
+# --- verifiers that fail ---
+
+
+def test_raising_verifier_scores_zero_and_is_counted():
+    env = MathEnvironment(timeout_s=10.0, verify_fn=raising_verify)
+    try:
+        result = env.step(
+            logs_for("\\boxed{1}", "\\boxed{boom}", "\\boxed{3}"),
+            [{"answer": "1"}, {"answer": "2"}, {"answer": "3"}],
+        )
+    finally:
+        env.close()
+    assert result.rewards == [1.0, 0.0, 1.0]
+    assert result.info[1]["verifier_error"].startswith("exception: ZeroDivisionError: verifier bug")
+    metrics = env.batch_metrics(result)
+    assert metrics["env/verifier_errors"] == 1
+    assert metrics["env/verifier_timeouts"] == 0
+
+
+def test_hanging_verifier_times_out_without_blocking_the_batch():
+    env = MathEnvironment(timeout_s=1.0, verify_fn=hanging_verify)
+    try:
+        env.step(logs_for("\\boxed{0}"), [{"answer": "0"}])  # start the process outside the timing
+        completions = [f"\\boxed{{{k}}}" for k in range(16)]
+        completions[5] = "\\boxed{hang}"
+        start = time.monotonic()
+        result = env.step(logs_for(*completions), [{"answer": str(k)} for k in range(16)])
+        elapsed = time.monotonic() - start
+        assert elapsed < 10, f"a hung verifier blocked the batch for {elapsed:.1f}s"
+        assert result.rewards == [0.0 if k == 5 else 1.0 for k in range(16)]
+        assert result.info[5]["verifier_error"] == "timeout"
+        metrics = env.batch_metrics(result)
+        assert metrics["env/verifier_timeouts"] == 1
+        assert metrics["env/verifier_errors"] == 1
+        assert metrics["env/accuracy"] == pytest.approx(15 / 16)
+
+        # the killed process was replaced: the next batch works
+        result = env.step(logs_for("\\boxed{1}", "\\boxed{2}"), [{"answer": "1"}, {"answer": "3"}])
+        assert result.rewards == [1.0, 0.0]
+        assert all(i["verifier_error"] is None for i in result.info)
+    finally:
+        env.close()
+
+
+def test_verifier_process_that_dies_scores_zero_and_is_replaced():
+    env = MathEnvironment(timeout_s=10.0, verify_fn=dying_verify)
+    try:
+        result = env.step(
+            logs_for("\\boxed{1}", "\\boxed{die}", "\\boxed{3}"),
+            [{"answer": "1"}, {"answer": "2"}, {"answer": "3"}],
+        )
+        assert result.rewards == [1.0, 0.0, 1.0]
+        assert "exit code 3" in result.info[1]["verifier_error"]
+        assert env.batch_metrics(result)["env/verifier_errors"] == 1
+    finally:
+        env.close()
+
+
+def test_pool_runs_hung_calls_in_parallel_and_leaves_no_process():
+    pool = TimeoutPool(hanging_verify, timeout_s=1.0, num_procs=2)
+    procs = [w.proc for w in pool._workers]
+    try:
+        start = time.monotonic()
+        outcomes = pool.map([("hang", "x"), ("hang", "x"), ("a", "a"), ("a", "b")])
+        elapsed = time.monotonic() - start
+    finally:
+        pool.close()
+    assert [o.error for o in outcomes] == ["timeout", "timeout", None, None]
+    assert [o.value for o in outcomes[2:]] == [True, False]
+    assert elapsed < 10
+    assert pool.restarts == 2
+    assert all(p.poll() is not None for p in procs)
+
+
+# --- protocol, adapter, registry ---
+
+
+def test_protocol_and_registry():
+    assert ENVIRONMENTS["math"] is MathEnvironment
+    env = make_environment("math", timeout_s=2.0)
+    assert isinstance(env, Environment)
+    assert isinstance(RewardFunctionEnvironment(lambda c, m: 1.0), Environment)
+    with pytest.raises(ValueError, match="registered"):
+        make_environment("no_such_env")
+    assert isinstance(make_environment("posttrain.environments.math:MathEnvironment"), MathEnvironment)
+
+
+def test_reward_function_environment_catches_errors():
+    def reward(completion: str, metadata: dict) -> float:
+        return 1.0 / len(completion)
+
+    env = RewardFunctionEnvironment(reward)
+    result = env.step(logs_for("ab", ""), [{}, {}])
+    assert result.rewards == [0.5, 0.0]
+    assert result.info[1]["verifier_error"].startswith("exception: ZeroDivisionError")
+    assert env.batch_metrics(result)["env/verifier_errors"] == 1
+
+
+def test_reward_function_environment_with_timeout():
+    env = RewardFunctionEnvironment(hanging_verify_reward, timeout_s=1.0)
+    try:
+        result = env.step(logs_for("hang", "ok"), [{}, {}])
+    finally:
+        env.close()
+    assert result.rewards == [0.0, 1.0]
+    assert result.info[0]["verifier_error"] == "timeout"
+
+
+def hanging_verify_reward(completion: str, metadata: dict) -> float:
+    return float(hanging_verify(completion, "ok"))
+
+
+def test_step_result_checks_lengths_and_concatenates():
+    with pytest.raises(ValueError, match="one entry per sample"):
+        EnvStepResult(rewards=[1.0], observations=[], done=[True], metadata=[{}])
+    a = EnvStepResult(rewards=[1.0], observations=[None], done=[True], metadata=[{"i": 0}])
+    b = EnvStepResult(
+        rewards=[0.0, 0.5], observations=[None, None], done=[True, False], metadata=[{"i": 1}, {"i": 2}]
+    )
+    c = EnvStepResult.concat([a, b])
+    assert c.rewards == [1.0, 0.0, 0.5] and [m["i"] for m in c.metadata] == [0, 1, 2] and len(c.info) == 3
