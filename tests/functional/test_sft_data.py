@@ -27,23 +27,36 @@ def test_loss_mask_covers_exactly_the_assistant_turns(tokenizer):
 
 def test_prompt_response_rows_with_context(tmp_path, tokenizer):
     path = tmp_path / "squad.jsonl"
-    path.write_text(json.dumps({"context": "Paris is in France.", "question": "Where is Paris?", "answer": "France"}))
+    path.write_text(
+        json.dumps({"context": "Paris is in France.", "question": "Where is Paris?", "answer": "France"})
+    )
     cfg = DatasetConfig(path=str(path), prompt_key="question", response_key="answer", context_key="context")
     ds = build_sft_dataset(cfg, tokenizer, max_seq_len=256)
     ex = ds.examples[0]
     text = tokenizer.decode(ex.input_ids)
     assert "Paris is in France.\n\nWhere is Paris?" in text
-    assert tokenizer.decode([t for t, m in zip(ex.input_ids, ex.loss_mask, strict=True) if m]) == "France<|im_end|>\n"
+    assert (
+        tokenizer.decode([t for t, m in zip(ex.input_ids, ex.loss_mask, strict=True) if m])
+        == "France<|im_end|>\n"
+    )
 
 
 def test_overlong_truncate_or_drop_is_counted(tmp_path, tokenizer):
     path = tmp_path / "d.jsonl"
     rows = [{"prompt": "hi", "response": "ok"}, {"prompt": "word " * 100, "response": "long " * 100}]
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    truncated = build_sft_dataset(DatasetConfig(path=str(path)), tokenizer, max_seq_len=64, overlong="truncate")
-    assert (len(truncated), truncated.num_truncated, truncated.num_dropped) == (1, 0, 1)  # prompt fills 64: no target
+    truncated = build_sft_dataset(
+        DatasetConfig(path=str(path)), tokenizer, max_seq_len=64, overlong="truncate"
+    )
+    assert (len(truncated), truncated.num_truncated, truncated.num_dropped) == (
+        1,
+        0,
+        1,
+    )  # prompt fills 64: no target
     path.write_text("\n".join(json.dumps(r) for r in [rows[0], {"prompt": "x", "response": "long " * 100}]))
-    truncated = build_sft_dataset(DatasetConfig(path=str(path)), tokenizer, max_seq_len=64, overlong="truncate")
+    truncated = build_sft_dataset(
+        DatasetConfig(path=str(path)), tokenizer, max_seq_len=64, overlong="truncate"
+    )
     assert (len(truncated), truncated.num_truncated) == (2, 1)
     assert max(len(e) for e in truncated.examples) == 64
     dropped = build_sft_dataset(DatasetConfig(path=str(path)), tokenizer, max_seq_len=64, overlong="drop")
@@ -77,7 +90,10 @@ def test_parquet_and_hf_datasets_paths(tmp_path, tokenizer):
 
     rows = [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(4)]
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "d.parquet"))
-    assert len(build_sft_dataset(DatasetConfig(path=str(tmp_path / "d.parquet")), tokenizer, max_seq_len=64)) == 4
+    assert (
+        len(build_sft_dataset(DatasetConfig(path=str(tmp_path / "d.parquet")), tokenizer, max_seq_len=64))
+        == 4
+    )
     # a `datasets.load_dataset` name: the generic "json" builder reading local files
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     cfg = DatasetConfig(path="json", subset=None, split="train", max_samples=3)
@@ -88,7 +104,11 @@ def test_parquet_and_hf_datasets_paths(tmp_path, tokenizer):
 def test_reasoning_gym_data_teaches_the_boxed_format(tokenizer):
     from posttrain.config.schema import SFTConfig
 
-    cfg = SFTConfig().data.train.model_copy(update={"reasoning_gym": SFTConfig().data.train.reasoning_gym.model_copy(update={"size": 4})})
+    cfg = SFTConfig().data.train.model_copy(
+        update={"reasoning_gym": SFTConfig().data.train.reasoning_gym.model_copy(update={"size": 4})}
+    )
     ds = build_sft_dataset(cfg, tokenizer, max_seq_len=256)
-    target = tokenizer.decode([t for t, m in zip(ds.examples[0].input_ids, ds.examples[0].loss_mask, strict=True) if m])
+    target = tokenizer.decode(
+        [t for t, m in zip(ds.examples[0].input_ids, ds.examples[0].loss_mask, strict=True) if m]
+    )
     assert "\\boxed{" in target and target.endswith("<|im_end|>\n")

@@ -1,10 +1,15 @@
 """The gradient of one step must not depend on how the global batch is split."""
 
 import pytest
-import torch
 from conftest import write_sft_jsonl
 
-from posttrain.config.schema import ClusterConfig, DatasetConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.schema import (
+    ClusterConfig,
+    DatasetConfig,
+    OptimizerConfig,
+    PolicyConfig,
+    SchedulerConfig,
+)
 from posttrain.data.batching import collate
 from posttrain.data.sft import build_sft_dataset
 from posttrain.distributed.policy_group import PolicyGroup
@@ -75,7 +80,9 @@ def test_one_vs_two_data_parallel_ray_workers(ray_cluster, tiny_model_dir, batch
     params = {}
     for workers in (1, 2):
         group = PolicyGroup(
-            _policy_cfg(2), ClusterConfig(backend="ray", num_workers=workers), model_path=str(tiny_model_dir),
+            _policy_cfg(2),
+            ClusterConfig(backend="ray", num_workers=workers),
+            model_path=str(tiny_model_dir),
             total_steps=1,
         )
         try:

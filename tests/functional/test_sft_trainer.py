@@ -62,8 +62,16 @@ def test_resume_from_a_checkpoint_of_another_model_fails_clearly(tiny_model_dir,
     other = tmp_path / "other_model"
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).save_pretrained(other)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).save_pretrained(other)
     tokenizer.save_pretrained(other)
     with pytest.raises(CheckpointMismatchError, match="does not match the configured policy model"):
         run_sft(_cfg(other, data, tmp_path / "run", **{"sft.max_steps": 2}))
@@ -85,5 +93,8 @@ def test_worker_exception_reaches_the_user_with_the_worker_name(ray_cluster, tmp
     broken = make_tiny_model_dir(tmp_path / "broken", tokenizer)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     cfg = _cfg(broken, data, tmp_path / "run", **{"cluster.backend": "ray"})
-    with pytest.raises(WorkerError, match=r"worker policy-0 failed:(.|\n)*File \".*policy.py\", line \d+, in __init__(.|\n)*SafetensorError"):
+    with pytest.raises(
+        WorkerError,
+        match=r"worker policy-0 failed:(.|\n)*File \".*policy.py\", line \d+, in __init__(.|\n)*SafetensorError",
+    ):
         run_sft(cfg)

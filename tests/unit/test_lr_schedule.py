@@ -19,5 +19,7 @@ def test_warmup_then_cosine_hand_worked():
 
 
 def test_cosine_floor_and_constant():
-    assert lr_multiplier(10, name="cosine", warmup_steps=0, total_steps=10, min_lr_ratio=0.1) == pytest.approx(0.1)
+    assert lr_multiplier(
+        10, name="cosine", warmup_steps=0, total_steps=10, min_lr_ratio=0.1
+    ) == pytest.approx(0.1)
     assert lr_multiplier(7, name="constant", warmup_steps=2, total_steps=10, min_lr_ratio=0.1) == 1.0

@@ -50,17 +50,25 @@ class CallOutcome:
 
 
 def _dumps_fn(fn: Callable) -> bytes:
-    try:
-        return pickle.dumps(fn)
-    except Exception:
+    """Pickle by reference when the worker can import it; else by value with cloudpickle.
+
+    A function of `__main__` (a script, a notebook) or of a module the parent could not import
+    by name pickles by reference but would not load in the worker, so it goes by value.
+    """
+    module = getattr(fn, "__module__", None)
+    if module not in ("__main__", "__mp_main__", None):
         try:
-            import cloudpickle
-        except ImportError as e:
-            raise TypeError(
-                f"{fn!r} cannot be pickled to send it to a verifier process; define it at module "
-                "level, or install cloudpickle"
-            ) from e
-        return cloudpickle.dumps(fn)
+            return pickle.dumps(fn)
+        except Exception:  # noqa: BLE001 - lambdas, closures, bound methods of local classes
+            pass
+    try:
+        import cloudpickle
+    except ImportError as e:
+        raise TypeError(
+            f"{fn!r} must be sent to a verifier process by value, which needs cloudpickle "
+            "(pip install cloudpickle); or define it at module level in an importable module"
+        ) from e
+    return cloudpickle.dumps(fn)
 
 
 class _Worker:

@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.config import ALGORITHM_CONFIGS, ConfigError, SFTConfig, load_config
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "configs").glob("*.yaml"))
+
+
+def test_there_are_example_configs():
+    assert len(EXAMPLES) >= 3
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_config_validates(path):
+    algorithm = next(name for name in ALGORITHM_CONFIGS if path.name.startswith(name))
+    load_config(ALGORITHM_CONFIGS[algorithm], path)
+
+
+def test_misspelled_key_fails_with_path_and_suggestion():
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key `policy.optimizer.weight_decy`. Did you mean `policy.optimizer.weight_decay`\?",
+    ) as e:
+        load_config(SFTConfig, None, ["policy.optimizer.weight_decy=1"])
+    assert "Valid keys here: lr, weight_decay" in str(e.value)
+    with pytest.raises(ConfigError, match=r"unknown key `sft.max_step`. Did you mean `sft.max_steps`\?"):
+        load_config(SFTConfig, None, ["sft.max_step=3"])
+
+
+def test_wrong_type_names_key_and_expected_type():
+    with pytest.raises(ConfigError, match=r"`policy.optimizer.lr`: Input should be a valid number.*'fast'"):
+        load_config(SFTConfig, None, ["policy.optimizer.lr=fast"])
+    with pytest.raises(ConfigError, match=r"`cluster.backend`: Input should be 'ray' or 'local'"):
+        load_config(SFTConfig, None, ["cluster.backend=slurm"])
+
+
+def test_defaults_inheritance_and_overrides(tmp_path):
+    (tmp_path / "base.yaml").write_text(
+        "policy: {max_seq_len: 100, optimizer: {lr: 0.1}}\nsft: {max_steps: 5}\n"
+    )
+    (tmp_path / "child.yaml").write_text("defaults: base.yaml\npolicy: {optimizer: {weight_decay: 0.5}}\n")
+    cfg = load_config(SFTConfig, tmp_path / "child.yaml", ["sft.max_steps=7", "policy.optimizer.lr=1e-5"])
+    assert (cfg.policy.max_seq_len, cfg.policy.optimizer.weight_decay) == (100, 0.5)
+    assert (cfg.sft.max_steps, cfg.policy.optimizer.lr) == (7, 1e-5)
+    # keys the recipe does not name keep the algorithm's defaults
+    assert cfg.policy.scheduler.warmup_steps == SFTConfig().policy.scheduler.warmup_steps == 5
+
+
+def test_naming_a_file_source_replaces_the_generated_default():
+    cfg = load_config(SFTConfig, None, ["data.train.path=my.jsonl"])
+    assert cfg.data.train.path == "my.jsonl" and cfg.data.train.reasoning_gym is None
+    with pytest.raises(ConfigError, match="set exactly one of `path`"):
+        load_config(SFTConfig, None, ["data.train.path=my.jsonl", "data.train.reasoning_gym.size=3"])
+
+
+def test_cli_print_config_and_config_errors(capsys):
+    assert main(["sft", "--print-config", "sft.max_steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert "max_steps: 3" in out and "model_name: smollm2-135m-instruct" in out
+    assert main(["sft", "--print-config", "sft.max_stepz=3"]) == 2
+    assert "Did you mean `sft.max_steps`?" in capsys.readouterr().err

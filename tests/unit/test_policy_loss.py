@@ -1,0 +1,361 @@
+import math
+
+import pytest
+import torch
+
+from posttrain.algorithms.policy_loss import (
+    POLICY_LOSSES,
+    aggregate,
+    clipped_pg_loss,
+    kl_estimate,
+    masked_mean,
+    sequence_log_ratio,
+)
+
+ln = math.log
+
+
+def _lp(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64, requires_grad=True)
+
+
+def _ratios_case(ratios, advantage, **kwargs):
+    """One sequence, old logprobs 0, current logprobs log(ratio) -> token ratios exactly `ratios`."""
+    lp = _lp([[ln(r) for r in ratios]])
+    old = torch.zeros_like(lp)
+    mask = torch.ones_like(lp)
+    loss, metrics = clipped_pg_loss(
+        lp, old, torch.tensor([advantage], dtype=torch.float64), mask, normalizer=len(ratios), **kwargs
+    )
+    loss.backward()
+    return loss.item(), metrics, lp.grad[0].tolist()
+
+
+def test_positive_advantage_clips_only_above():
+    # A = +1, ratios r = [0.5, 1.1, 1.5], eps = 0.2 -> clip(r) = [0.8, 1.1, 1.2]
+    # l = max(-A r, -A clip r) = max([-0.5, -1.1, -1.5], [-0.8, -1.1, -1.2]) = [-0.5, -1.1, -1.2]
+    # loss = -2.8 / 3; the 3rd token is clipped (its gradient is 0)
+    # dl/dlogπ = -A r on unclipped tokens -> grad = [-0.5, -1.1, 0] / 3
+    loss, metrics, grad = _ratios_case([0.5, 1.1, 1.5], 1.0)
+    assert loss == pytest.approx(-2.8 / 3)
+    assert metrics["pg_loss"] == pytest.approx(-2.8 / 3)
+    assert metrics["clip_fraction"] == pytest.approx(1 / 3)
+    assert metrics["ratio_mean"] == pytest.approx(3.1 / 3)
+    assert grad == pytest.approx([-0.5 / 3, -1.1 / 3, 0.0])
+
+
+def test_negative_advantage_clips_only_below():
+    # A = -1: -A r = [0.5, 1.1, 1.5], -A clip r = [0.8, 1.1, 1.2] -> l = [0.8, 1.1, 1.5], loss 3.4 / 3
+    # the 1st token is clipped; grad = -A r = [0, 1.1, 1.5] / 3
+    loss, metrics, grad = _ratios_case([0.5, 1.1, 1.5], -1.0)
+    assert loss == pytest.approx(3.4 / 3)
+    assert metrics["clip_fraction"] == pytest.approx(1 / 3)
+    assert grad == pytest.approx([0.0, 1.1 / 3, 1.5 / 3])
+
+
+def test_clip_higher_is_asymmetric():
+    # A = +1, ratios [1.25, 1.3, 0.7]
+    # symmetric eps 0.2: clip = [1.2, 1.2, 0.8]; l = max([-1.25, -1.3, -0.7], [-1.2, -1.2, -0.8])
+    #   = [-1.2, -1.2, -0.7] -> sum -3.1
+    # clip_high 0.28:     clip = [1.25, 1.28, 0.8]; l = [-1.25, -1.28, -0.7] -> sum -3.23
+    sym, m_sym, _ = _ratios_case([1.25, 1.3, 0.7], 1.0)
+    dapo, m_dapo, _ = _ratios_case([1.25, 1.3, 0.7], 1.0, clip_high=0.28)
+    assert sym == pytest.approx(-3.1 / 3)
+    assert dapo == pytest.approx(-3.23 / 3)
+    assert m_sym["clip_fraction"] == pytest.approx(2 / 3)
+    assert m_dapo["clip_fraction"] == pytest.approx(1 / 3)
+    # the lower bound is still 0.8 for a negative advantage: -A r = [1.25, 1.3, 0.7] ->
+    # l = max(., [1.25, 1.28, 0.8]) = [1.25, 1.3, 0.8] -> 3.35
+    neg, _, _ = _ratios_case([1.25, 1.3, 0.7], -1.0, clip_high=0.28)
+    assert neg == pytest.approx(3.35 / 3)
+
+
+def test_dual_clip_caps_negative_advantages_only():
+    # seq 0: A = -1, ratios [0.5, 2, 4]: l = max([0.5, 2, 4], [0.8, 1.2, 1.2]) = [0.8, 2, 4]
+    #        dual clip c = 3 caps at -cA = 3: l = [0.8, 2, 3] (sum 5.8; without dual 6.8)
+    # seq 1: A = +1, ratios [4, 1, 0.1]: l = max([-4, -1, -0.1], [-1.2, -1, -0.8]) = [-1.2, -1, -0.1]
+    #        (sum -2.3, unchanged by dual clip)
+    lp = _lp([[ln(0.5), ln(2.0), ln(4.0)], [ln(4.0), 0.0, ln(0.1)]])
+    adv = torch.tensor([-1.0, 1.0], dtype=torch.float64)
+    mask = torch.ones_like(lp)
+    old = torch.zeros_like(lp)
+    loss, metrics = clipped_pg_loss(lp, old, adv, mask, normalizer=6, dual_clip=3.0)
+    plain, _ = clipped_pg_loss(lp, old, adv, mask, normalizer=6)
+    assert loss.item() == pytest.approx((5.8 - 2.3) / 6)
+    assert plain.item() == pytest.approx((6.8 - 2.3) / 6)
+    assert metrics["dual_clip_fraction"] == pytest.approx(1 / 6)
+    loss.backward()
+    # grads: seq 0 -> [0 (clipped), 2 (= -A r), 0 (dual-capped)] / 6; seq 1 -> [0, -1, 0] / 6
+    assert lp.grad.tolist()[0] == pytest.approx([0.0, 2 / 6, 0.0])
+    assert lp.grad.tolist()[1] == pytest.approx([0.0, -1 / 6, 0.0])
+
+
+# KL estimators on d = logπ - logπ_ref = [0.5, 0, -1]  (log r = -d = [-0.5, 0, 1]):
+#   k1 = d                      = [0.5, 0, -1]
+#   k2 = d^2 / 2                = [0.125, 0, 0.5]
+#   k3 = e^{log r} - log r - 1  = [e^-0.5 - 0.5, 0, e - 2] = [0.1065307, 0, 0.7182818]
+KL_LP = [[-1.0, -0.5, -2.0]]
+KL_REF = [[-1.5, -0.5, -1.0]]
+KL_EXPECTED = {
+    "k1": [0.5, 0.0, -1.0],
+    "k2": [0.125, 0.0, 0.5],
+    "k3": [math.exp(-0.5) - 0.5, 0.0, math.e - 2],
+}
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_estimators_hand_worked(estimator):
+    per_token = kl_estimate(torch.tensor(KL_LP), torch.tensor(KL_REF), estimator)
+    assert per_token[0].tolist() == pytest.approx(KL_EXPECTED[estimator], abs=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_penalty_in_loss(estimator):
+    # zero advantages + on-policy shortcut: pg term is 0, loss = beta * mean_t k(t)
+    lp = _lp(KL_LP)
+    ref = torch.tensor(KL_REF, dtype=torch.float64)
+    adv = torch.zeros(1, dtype=torch.float64)
+    loss, metrics = clipped_pg_loss(
+        lp, lp.detach(), adv, torch.ones_like(lp), normalizer=3, reference_logprobs=ref,
+        kl_beta=0.1, kl_estimator=estimator,
+    )  # fmt: skip
+    kl_mean = sum(KL_EXPECTED[estimator]) / 3
+    assert loss.item() == pytest.approx(0.1 * kl_mean)
+    assert metrics["kl"] == pytest.approx(kl_mean)
+    assert metrics["pg_loss"] == 0.0
+    loss.backward()
+    # d/d logπ: k1 -> 1; k2 -> d = [0.5, 0, -1]; k3 -> 1 - π_ref/π = 1 - e^{log r} = [1 - e^-0.5, 0, 1 - e]
+    d_expected = {"k1": [1.0, 1.0, 1.0], "k2": [0.5, 0.0, -1.0], "k3": [1 - math.exp(-0.5), 0.0, 1 - math.e]}
+    assert lp.grad[0].tolist() == pytest.approx([0.1 * g / 3 for g in d_expected[estimator]])
+
+
+def test_kl_metric_reported_without_penalty():
+    lp = _lp(KL_LP)
+    ref = torch.tensor(KL_REF, dtype=torch.float64)
+    adv = torch.ones(1, dtype=torch.float64)
+    loss, metrics = clipped_pg_loss(
+        lp, lp.detach(), adv, torch.ones_like(lp), normalizer=3, reference_logprobs=ref
+    )
+    assert loss.item() == pytest.approx(-1.0)  # on-policy: ratio 1, l = -A = -1 per token
+    assert metrics["kl"] == pytest.approx(sum(KL_EXPECTED["k3"]) / 3)
+    _, no_ref = clipped_pg_loss(lp, lp.detach(), adv, torch.ones_like(lp), normalizer=3)
+    assert "kl" not in no_ref
+
+
+# Token vs sequence aggregation, on-policy shortcut (ratio = 1, so l = -A on valid tokens):
+#   seq 0: A = +3, 1 valid token   -> per-token l = [-3]
+#   seq 1: A = -2, 3 valid tokens  -> per-token l = [2, 2, 2]
+#   masked slots hold NaN / huge values that must not leak.
+AGG_LP = [[float("nan"), 50.0, -0.7], [-0.2, -1.3, -0.4]]
+AGG_MASK = [[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
+AGG_ADV = [3.0, -2.0]
+
+
+def _agg_case(aggregation, normalizer):
+    lp = _lp(AGG_LP)
+    mask = torch.tensor(AGG_MASK, dtype=torch.float64)
+    old = lp.detach().clone()
+    old[0, 1] = -60.0  # exp(50 - (-60)) would overflow if masked slots were not zeroed
+    loss, metrics = clipped_pg_loss(
+        lp,
+        old,
+        torch.tensor(AGG_ADV, dtype=torch.float64),
+        mask,
+        normalizer=normalizer,
+        aggregation=aggregation,
+    )
+    loss.backward()
+    return loss.item(), metrics, lp.grad.tolist()
+
+
+def test_token_aggregation():
+    # sum over valid tokens / N_tokens = (-3 + 6) / 4 = 0.75; grad = -A / 4 on valid tokens
+    loss, metrics, grad = _agg_case("token", 4)
+    assert loss == pytest.approx(0.75)
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
+    assert grad == [[0.0, 0.0, pytest.approx(-0.75)], [pytest.approx(0.5)] * 3]
+
+
+def test_sequence_aggregation():
+    # per-sequence token means [-3, 2], summed / N_seqs = -1 / 2 = -0.5
+    # grad: seq 0 -> -3 / 1 / 2 = -1.5; seq 1 -> 2 / 3 / 2 = 1/3 per token
+    loss, _, grad = _agg_case("sequence", 2)
+    assert loss == pytest.approx(-0.5)
+    assert grad == [[0.0, 0.0, pytest.approx(-1.5)], [pytest.approx(1 / 3)] * 3]
+
+
+def test_seq_mean_token_sum_aggregation():
+    # Dr.GRPO: token sums [-3, 6] / (N_seqs * max_len) with max_len = 4: 3 / 8 = 0.375
+    loss, _, grad = _agg_case("seq_mean_token_sum", 2 * 4)
+    assert loss == pytest.approx(0.375)
+    assert grad == [[0.0, 0.0, pytest.approx(-3 / 8)], [pytest.approx(2 / 8)] * 3]
+
+
+def test_masked_mean_and_aggregate_hand_worked():
+    x = torch.tensor([[1.0, 2.0, float("inf")], [4.0, float("nan"), 6.0]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    assert masked_mean(x, m).item() == pytest.approx(13 / 4)
+    assert masked_mean(x, m, dim=-1).tolist() == pytest.approx([1.5, 5.0])
+    assert masked_mean(x, torch.zeros_like(m)).item() == 0.0
+    assert aggregate(x, m, aggregation="sequence", normalizer=4).item() == pytest.approx(6.5 / 4)
+    with pytest.raises(ValueError, match="Did you mean 'sequence'"):
+        aggregate(x, m, aggregation="sequences", normalizer=1)
+
+
+# GSPO: one sequence, logπ - logπ_old = [0.1, 0.3] on 2 valid tokens (3rd masked), A = +1
+#   log s = mean = 0.2, s = e^0.2 = 1.2214028
+#   token-level ratios would be [e^0.1, e^0.3] = [1.1051709, 1.3498588]
+
+
+def _gspo_case(clip, ratio_level="sequence"):
+    lp = _lp([[-1.0, -2.0, float("nan")]])
+    old = torch.tensor([[-1.1, -2.3, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    loss, metrics = clipped_pg_loss(
+        lp, old, adv, mask, normalizer=1, ratio_level=ratio_level, aggregation="sequence",
+        clip_low=clip, clip_high=clip,
+    )  # fmt: skip
+    loss.backward()
+    return loss.item(), metrics, lp.grad[0].tolist()
+
+
+def test_gspo_sequence_ratio_value_and_gradient():
+    s = math.exp(0.2)
+    assert sequence_log_ratio(
+        torch.tensor([[-1.0, -2.0, 9.0]]), torch.tensor([[-1.1, -2.3, 0.0]]), torch.tensor([[1, 1, 0]])
+    ).item() == pytest.approx(0.2)
+    # unclipped (eps 0.3): loss = -(1/2)(s + s) = -s; GSPO gradient: -A * s / |y| per valid token
+    loss, metrics, grad = _gspo_case(0.3)
+    assert loss == pytest.approx(-s)
+    assert metrics["ratio_mean"] == pytest.approx(s)
+    assert grad == [pytest.approx(-s / 2), pytest.approx(-s / 2), 0.0]
+    # the same gradient as autograd through the sequence objective J = s(logπ) * A directly
+    lp = torch.tensor([-1.0, -2.0], dtype=torch.float64, requires_grad=True)
+    (-torch.exp((lp - torch.tensor([-1.1, -2.3], dtype=torch.float64)).mean())).backward()
+    assert grad[:2] == pytest.approx(lp.grad.tolist())
+    # token-level ratio differs: -(e^0.1 + e^0.3)/2 = -1.2275149
+    token_loss, _, token_grad = _gspo_case(0.3, ratio_level="token")
+    assert token_loss == pytest.approx(-(math.exp(0.1) + math.exp(0.3)) / 2)
+    assert token_grad[:2] == pytest.approx([-math.exp(0.1) / 2, -math.exp(0.3) / 2])
+
+
+def test_gspo_clips_whole_sequence():
+    # eps 0.15: s = 1.2214 > 1.15 -> every token's loss is -1.15, no gradient, clip fraction 1
+    # (token level would clip only the 2nd token: e^0.1 = 1.105 < 1.15 < e^0.3)
+    loss, metrics, grad = _gspo_case(0.15)
+    assert loss == pytest.approx(-1.15)
+    assert metrics["clip_fraction"] == pytest.approx(1.0)
+    assert grad == [0.0, 0.0, 0.0]
+    _, token_metrics, _ = _gspo_case(0.15, ratio_level="token")
+    assert token_metrics["clip_fraction"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "correction, expected_w", [("plain", [0.5, 1.5, 4.0]), ("truncated", [0.5, 1.5, 2.0])]
+)
+def test_importance_correction(correction, expected_w):
+    # on-policy shortcut (ratio 1), A = +1 -> l = -1 * w with w = π_old / π_gen = [0.5, 1.5, 4]
+    # truncated at cap 2: w = [0.5, 1.5, 2] -> loss -4 / 3 (plain: -6 / 3)
+    lp = _lp([[-1.0, -2.0, -0.5]])
+    gen = lp.detach() - torch.tensor([[ln(0.5), ln(1.5), ln(4.0)]], dtype=torch.float64)
+    loss, metrics = clipped_pg_loss(
+        lp, lp.detach(), torch.ones(1, dtype=torch.float64), torch.ones_like(lp), normalizer=3,
+        generation_logprobs=gen, importance_correction=correction, importance_cap=2.0,
+    )  # fmt: skip
+    assert loss.item() == pytest.approx(-sum(expected_w) / 3)
+    assert metrics["importance_weight_mean"] == pytest.approx(sum(expected_w) / 3)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([-w / 3 for w in expected_w])
+
+
+def test_on_policy_shortcut_gradient_is_plain_policy_gradient():
+    # old = logπ.detach(): ratio = 1, d loss / d logπ = -A / N (REINFORCE with advantages)
+    lp = _lp([[-0.3, -1.2, -2.0], [-0.1, -0.9, -0.4]])
+    adv = torch.tensor([0.5, -1.5], dtype=torch.float64)
+    loss, metrics = clipped_pg_loss(lp, lp.detach(), adv, torch.ones_like(lp), normalizer=6)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(0.5 * 3 - 1.5 * 3) / 6)
+    assert metrics["clip_fraction"] == 0.0
+    assert lp.grad.tolist() == [[pytest.approx(-0.5 / 6)] * 3, [pytest.approx(1.5 / 6)] * 3]
+
+
+def test_token_normalizer_makes_clip_metrics_token_means():
+    # Dr.GRPO normalizer 2 * 4 = 8 dilutes token-level metrics; token_normalizer = 4 valid tokens
+    # gives ratio_mean = 1 exactly (on-policy)
+    lp = _lp(AGG_LP)
+    mask = torch.tensor(AGG_MASK, dtype=torch.float64)
+    kw = dict(normalizer=8, aggregation="seq_mean_token_sum")
+    _, diluted = clipped_pg_loss(lp, lp.detach(), torch.tensor(AGG_ADV, dtype=torch.float64), mask, **kw)
+    _, exact = clipped_pg_loss(
+        lp, lp.detach(), torch.tensor(AGG_ADV, dtype=torch.float64), mask, token_normalizer=4, **kw
+    )
+    assert diluted["ratio_mean"] == pytest.approx(0.5)
+    assert exact["ratio_mean"] == pytest.approx(1.0)
+
+
+# --- split invariance ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence", "seq_mean_token_sum"])
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_split_invariance(aggregation, ratio_level):
+    gen = torch.Generator().manual_seed(1)
+    B, T = 8, 6
+    lp_data = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+    old = lp_data + 0.3 * torch.randn(B, T, generator=gen, dtype=torch.float64)
+    gen_lp = old + 0.2 * torch.randn(B, T, generator=gen, dtype=torch.float64)
+    ref = lp_data + 0.2 * torch.randn(B, T, generator=gen, dtype=torch.float64)
+    adv = torch.randn(B, generator=gen, dtype=torch.float64)
+    lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.float64)
+    normalizer = {"token": mask.sum().item(), "sequence": B, "seq_mean_token_sum": B * T}[aggregation]
+    kw = dict(
+        normalizer=normalizer, aggregation=aggregation, ratio_level=ratio_level, clip_high=0.28,
+        dual_clip=3.0, kl_beta=0.05, importance_correction="truncated", importance_cap=1.5,
+    )  # fmt: skip
+
+    def run(rows):
+        lp = lp_data[rows].clone().requires_grad_(True)
+        loss, metrics = clipped_pg_loss(
+            lp,
+            old[rows],
+            adv[rows],
+            mask[rows],
+            generation_logprobs=gen_lp[rows],
+            reference_logprobs=ref[rows],
+            **kw,
+        )
+        loss.backward()
+        return loss.item(), metrics, lp.grad
+
+    whole, whole_metrics, whole_grad = run(slice(0, B))
+    first, m1, g1 = run(slice(0, 3))
+    second, m2, g2 = run(slice(3, B))
+    assert whole != 0.0
+    assert first + second == pytest.approx(whole, rel=1e-12)
+    assert torch.allclose(torch.cat([g1, g2]), whole_grad, rtol=1e-12, atol=1e-15)
+    for key, value in whole_metrics.items():
+        assert m1[key] + m2[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+
+
+# --- argument checks -------------------------------------------------------------------------
+
+
+def test_argument_errors():
+    lp = torch.zeros(1, 2)
+    adv = torch.ones(1)
+    mask = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="reference_logprobs"):
+        clipped_pg_loss(lp, lp, adv, mask, normalizer=2, kl_beta=0.1)
+    with pytest.raises(ValueError, match="generation_logprobs"):
+        clipped_pg_loss(lp, lp, adv, mask, normalizer=2, importance_correction="truncated")
+    with pytest.raises(ValueError, match="dual_clip"):
+        clipped_pg_loss(lp, lp, adv, mask, normalizer=2, dual_clip=0.5)
+    with pytest.raises(ValueError, match="normalizer"):
+        clipped_pg_loss(lp, lp, adv, mask, normalizer=0)
+    with pytest.raises(ValueError, match="Did you mean 'sequence'"):
+        clipped_pg_loss(lp, lp, adv, mask, normalizer=2, ratio_level="sequense")
+    with pytest.raises(ValueError, match="kl estimator"):
+        kl_estimate(lp, lp, "k4")
+    assert POLICY_LOSSES["clipped_pg"] is clipped_pg_loss
