@@ -85,9 +85,10 @@ def test_dual_clip_caps_negative_advantages_only():
     assert plain.item() == pytest.approx((6.8 - 2.3) / 6)
     assert metrics["dual_clip_fraction"] == pytest.approx(1 / 6)
     loss.backward()
-    # grads: seq 0 -> [0 (clipped), 2 (= -A r), 0 (dual-capped)] / 6; seq 1 -> [0, -1, 0] / 6
+    # grads (-A r on unclipped tokens): seq 0 -> [0 (clipped), 2, 0 (dual-capped)] / 6
+    #                                   seq 1 -> [0 (clipped), -1, -0.1] / 6
     assert lp.grad.tolist()[0] == pytest.approx([0.0, 2 / 6, 0.0])
-    assert lp.grad.tolist()[1] == pytest.approx([0.0, -1 / 6, 0.0])
+    assert lp.grad.tolist()[1] == pytest.approx([0.0, -1 / 6, -0.1 / 6])
 
 
 # KL estimators on d = logπ - logπ_ref = [0.5, 0, -1]  (log r = -d = [-0.5, 0, 1]):
@@ -225,8 +226,8 @@ def test_gspo_sequence_ratio_value_and_gradient():
     assert sequence_log_ratio(
         torch.tensor([[-1.0, -2.0, 9.0]]), torch.tensor([[-1.1, -2.3, 0.0]]), torch.tensor([[1, 1, 0]])
     ).item() == pytest.approx(0.2)
-    # unclipped (eps 0.3): loss = -(1/2)(s + s) = -s; GSPO gradient: -A * s / |y| per valid token
-    loss, metrics, grad = _gspo_case(0.3)
+    # unclipped (eps 0.4): loss = -(1/2)(s + s) = -s; GSPO gradient: -A * s / |y| per valid token
+    loss, metrics, grad = _gspo_case(0.4)
     assert loss == pytest.approx(-s)
     assert metrics["ratio_mean"] == pytest.approx(s)
     assert grad == [pytest.approx(-s / 2), pytest.approx(-s / 2), 0.0]
@@ -234,8 +235,8 @@ def test_gspo_sequence_ratio_value_and_gradient():
     lp = torch.tensor([-1.0, -2.0], dtype=torch.float64, requires_grad=True)
     (-torch.exp((lp - torch.tensor([-1.1, -2.3], dtype=torch.float64)).mean())).backward()
     assert grad[:2] == pytest.approx(lp.grad.tolist())
-    # token-level ratio differs: -(e^0.1 + e^0.3)/2 = -1.2275149
-    token_loss, _, token_grad = _gspo_case(0.3, ratio_level="token")
+    # token-level ratio differs (both < 1.4, unclipped): -(e^0.1 + e^0.3)/2 = -1.2275149
+    token_loss, _, token_grad = _gspo_case(0.4, ratio_level="token")
     assert token_loss == pytest.approx(-(math.exp(0.1) + math.exp(0.3)) / 2)
     assert token_grad[:2] == pytest.approx([-math.exp(0.1) / 2, -math.exp(0.3) / 2])
 
@@ -359,3 +360,20 @@ def test_argument_errors():
     with pytest.raises(ValueError, match="kl estimator"):
         kl_estimate(lp, lp, "k4")
     assert POLICY_LOSSES["clipped_pg"] is clipped_pg_loss
+
+
+def test_gspo_token_with_per_token_advantages():
+    # GSPO-token: per-token advantages A = [1, 3] with the value s_bt = s (e^0.2) on every token;
+    # loss = -(1/2)(s * 1 + s * 3) = -2 s; grad_t = -s A_t / |y| = [-s/2, -3s/2]
+    # (a plain sequence ratio without the sg trick would give the mean advantage: [-s, -s])
+    s = math.exp(0.2)
+    lp = _lp([[-1.0, -2.0, float("nan")]])
+    old = torch.tensor([[-1.1, -2.3, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 3.0, 0.0]], dtype=torch.float64)
+    loss, _ = clipped_pg_loss(
+        lp, old, adv, mask, normalizer=1, ratio_level="sequence", aggregation="sequence", clip_low=0.4, clip_high=0.4
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(-2 * s)
+    assert lp.grad[0].tolist() == [pytest.approx(-s / 2), pytest.approx(-3 * s / 2), 0.0]

@@ -100,7 +100,10 @@ def grpo_advantages(
         baseline = stats.mean
     advantages = rewards - baseline
     if normalize_std:
-        advantages = advantages / (stats.std + eps)
+        # a zero-spread group (all rewards equal, or a singleton) has no signal: exactly 0, even
+        # with eps = 0 or when float rounding leaves r - mean = 1e-17
+        spread = stats.std > 0
+        advantages = torch.where(spread, advantages / (stats.std + eps), torch.zeros_like(advantages))
     return advantages
 
 

@@ -6,6 +6,7 @@ the closest valid key (see `posttrain.config.loader`).
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -131,12 +132,24 @@ class ClusterConfig(Strict):
     num_workers: int | None = Field(
         None, gt=0, description="Data-parallel policy workers; default: one per GPU, or 1 on CPU."
     )
-    cpus_per_worker: int = Field(1, gt=0)
+    cpus_per_worker: int | None = Field(
+        None,
+        gt=0,
+        description="CPU cores (and torch threads) per worker; default: on CPU, this machine's cores "
+        "shared over the workers; with GPUs, 1.",
+    )
 
     def policy_workers(self) -> int:
         if self.num_workers is not None:
             return self.num_workers
         return max(1, self.num_nodes * self.gpus_per_node)
+
+    def worker_cpus(self) -> int:
+        if self.cpus_per_worker is not None:
+            return self.cpus_per_worker
+        if self.gpus_per_node > 0:
+            return 1
+        return max(1, (os.cpu_count() or 1) // self.policy_workers())
 
 
 class CheckpointConfig(Strict):

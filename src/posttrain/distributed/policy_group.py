@@ -20,7 +20,7 @@ class PolicyGroup:
     ) -> None:
         n = cluster.policy_workers()
         gpus = 1 if cluster.gpus_per_node > 0 else 0
-        threads = cluster.cpus_per_worker if cluster.backend == "ray" else None
+        threads = cluster.worker_cpus() if cluster.backend == "ray" else None
         kwargs = [
             dict(
                 cfg=cfg,

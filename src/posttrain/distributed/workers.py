@@ -146,5 +146,5 @@ def make_workers(
     init_ray(cluster)
     gpus = 1 if cluster.gpus_per_node > 0 else 0
     return RayWorkers(
-        cls, kwargs_per_rank, name=name, cpus_per_worker=cluster.cpus_per_worker, gpus_per_worker=gpus
+        cls, kwargs_per_rank, name=name, cpus_per_worker=cluster.worker_cpus(), gpus_per_worker=gpus
     )

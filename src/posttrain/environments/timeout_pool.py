@@ -63,11 +63,14 @@ def _dumps_fn(fn: Callable) -> bytes:
             pass
     try:
         import cloudpickle
-    except ImportError as e:
-        raise TypeError(
-            f"{fn!r} must be sent to a verifier process by value, which needs cloudpickle "
-            "(pip install cloudpickle); or define it at module level in an importable module"
-        ) from e
+    except ImportError:
+        try:
+            from ray import cloudpickle  # ray vendors it
+        except ImportError as e:
+            raise TypeError(
+                f"{fn!r} must be sent to a verifier process by value, which needs cloudpickle "
+                "(pip install cloudpickle); or define it at module level in an importable module"
+            ) from e
     return cloudpickle.dumps(fn)
 
 
