@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
+import runpy
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -251,3 +256,46 @@ def test_step_result_checks_lengths_and_concatenates():
     )
     c = EnvStepResult.concat([a, b])
     assert c.rewards == [1.0, 0.0, 0.5] and [m["i"] for m in c.metadata] == [0, 1, 2] and len(c.info) == 3
+
+
+# --- the example of docs/environments.md ---
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "custom_reward.py"
+
+
+def test_docs_quote_the_example_exactly():
+    example = EXAMPLE.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "environments.md").read_text(), re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        assert block in example
+
+
+def test_example_runs_as_a_script():
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120, check=True, cwd=REPO
+    ).stdout
+    assert "reward function: [1.0]" in out
+    assert "guess_number: [0.0] [{'role': 'user', 'content': 'higher'}] [False]" in out
+
+
+def test_example_environment_plays_to_the_end():
+    example = runpy.run_path(str(EXAMPLE), run_name="custom_reward_example")
+    reward = example["exact_answer_reward"]
+    assert reward("so:\n42", {"answer": "42"}) == 1.0
+    assert reward("42\nno idea", {"answer": "42"}) == 0.0
+
+    env = make_environment("guess_number", max_turns=3)
+    assert isinstance(env, Environment)
+    meta = [{"target": 7}, {"target": 2}]
+    r1 = env.step([[{"role": "assistant", "content": "5"}]] * 2, meta)
+    assert r1.done == [False, False]
+    assert [o["content"] for o in r1.observations] == ["higher", "lower"]
+    r2 = env.step(
+        [[{"role": "assistant", "content": "7"}], [{"role": "assistant", "content": "3"}]], r1.metadata
+    )
+    assert r2.rewards == [1.0, 0.0] and r2.done == [True, False]
+    r3 = env.step([[{"role": "assistant", "content": "4"}]], r2.metadata[1:])
+    assert r3.done == [True] and r3.metadata[0]["turn"] == 3
+    assert env.batch_metrics(r2) == {"env/solved": 0.5}

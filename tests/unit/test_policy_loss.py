@@ -372,7 +372,15 @@ def test_gspo_token_with_per_token_advantages():
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
     adv = torch.tensor([[1.0, 3.0, 0.0]], dtype=torch.float64)
     loss, _ = clipped_pg_loss(
-        lp, old, adv, mask, normalizer=1, ratio_level="sequence", aggregation="sequence", clip_low=0.4, clip_high=0.4
+        lp,
+        old,
+        adv,
+        mask,
+        normalizer=1,
+        ratio_level="sequence",
+        aggregation="sequence",
+        clip_low=0.4,
+        clip_high=0.4,
     )
     loss.backward()
     assert loss.item() == pytest.approx(-2 * s)

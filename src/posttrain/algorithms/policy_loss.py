@@ -236,7 +236,7 @@ def clipped_pg_loss(
         ratio = torch.exp(logprobs_z - old_z)
     else:
         seq_ratio = torch.exp(sequence_log_ratio(logprobs_z, old_z, valid)).unsqueeze(-1)
-        ratio = seq_ratio.expand_as(logprobs_z)
+        ratio = seq_ratio.detach() * torch.exp(logprobs_z - logprobs_z.detach())
 
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
