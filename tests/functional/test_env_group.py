@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
 
 from posttrain.distributed.workers import WorkerError
 from posttrain.environments import EnvironmentGroup, EnvStepResult
+
+# Ray actors cannot import this test module by name: send its functions and classes by value.
+# (A driver script's own functions, in `__main__`, go by value without this.)
+pytest.importorskip("ray").cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def hanging_verify(prediction: str, answer: str) -> bool:

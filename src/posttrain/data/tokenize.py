@@ -75,3 +75,12 @@ def _tokenize_plain(tokenizer: Any, messages: list[Message]) -> TokenizedExample
         ids.extend(piece)
         mask.extend([int(target)] * len(piece))
     return TokenizedExample(ids, mask)
+
+
+def encode_prompt(tokenizer: Any, messages: list[Message]) -> list[int]:
+    """Token ids of a conversation followed by the assistant generation prompt."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        text = "\n".join(m["content"] for m in messages) + "\n"
+        return tokenizer(text)["input_ids"]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -171,7 +171,9 @@ def register_environment(name: str) -> Callable[[type], type]:
     """Class decorator: `@register_environment("my_env")` makes `make_environment("my_env")` work."""
 
     def decorator(cls: type) -> type:
-        if name in ENVIRONMENTS and ENVIRONMENTS[name] is not cls:
+        old = ENVIRONMENTS.get(name)
+        # the same class defined again (a reloaded module, a re-run notebook cell) replaces itself
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(
                 f"environment {name!r} is already registered as {ENVIRONMENTS[name].__qualname__}"
             )

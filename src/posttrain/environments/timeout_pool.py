@@ -180,6 +180,16 @@ class TimeoutPool:
         """Run `fn(*args)` for every args tuple; outcomes in input order. Never raises for one call."""
         if not self._workers:
             raise RuntimeError("the pool is closed")
+        try:
+            return self._map(args_list)
+        except BaseException:
+            # interrupted (Ctrl-C) or failed: processes still busy with this batch's calls are replaced
+            for w in list(self._workers):
+                if w.task is not None:
+                    self._replace(w)
+            raise
+
+    def _map(self, args_list: Sequence[tuple]) -> list[CallOutcome]:
         outcomes: list[CallOutcome | None] = [None] * len(args_list)
         queue = deque(range(len(args_list)))
         while queue or any(w.task is not None for w in self._workers):
