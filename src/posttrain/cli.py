@@ -15,6 +15,10 @@ def _trainer(name: str) -> Callable:
         from posttrain.trainers.sft import run_sft
 
         return run_sft
+    if name == "grpo":
+        from posttrain.trainers.grpo import run_grpo
+
+        return run_grpo
     raise KeyError(name)
 
 

@@ -85,6 +85,14 @@ class DatasetConfig(Strict):
     prompt_key: str = "prompt"
     response_key: str = "response"
     context_key: str | None = Field(None, description="Prepended to the prompt, e.g. SQuAD's `context`.")
+    problem_key: str = Field(
+        "prompt", description="Math datasets: the problem column (GSM8K: question, MATH: problem)."
+    )
+    answer_key: str = Field("answer", description="Math datasets: the ground-truth column (MATH: solution).")
+    answer_format: Literal["plain", "gsm8k", "boxed"] = Field(
+        "plain",
+        description="How to read the ground truth: as is, after GSM8K's '####', or MATH's last \\boxed{}.",
+    )
     system_prompt: str | None = None
     max_samples: int | None = Field(None, gt=0)
 
@@ -192,4 +200,123 @@ class SFTConfig(Strict):
     logging: LoggingConfig = LoggingConfig()
 
 
-ALGORITHM_CONFIGS: dict[str, type[Strict]] = {"sft": SFTConfig}
+# --------------------------------------------------------------------------------- GRPO
+_GRPO_ARITH_KWARGS: dict = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+    "operators": ["+"],
+}
+
+
+def _default_grpo_train() -> DatasetConfig:
+    return DatasetConfig(reasoning_gym=ReasoningGymConfig(size=5000, seed=11, kwargs=_GRPO_ARITH_KWARGS))
+
+
+def _default_grpo_validation() -> DatasetConfig:
+    return DatasetConfig(reasoning_gym=ReasoningGymConfig(size=64, seed=99_999, kwargs=_GRPO_ARITH_KWARGS))
+
+
+class GRPODataConfig(Strict):
+    train: DatasetConfig = Field(default_factory=_default_grpo_train)
+    validation: DatasetConfig | None = Field(default_factory=_default_grpo_validation)
+    prompt_template: str = Field(
+        "{problem}", description="Formats the user message; `{problem}` is replaced."
+    )
+    system_prompt: str | None = None
+
+
+class GenerationConfig(Strict):
+    """How rollouts are sampled. Logprobs are reported at temperature 1 (the model's own distribution)."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    placement: Literal["colocated", "split"] = Field(
+        "colocated",
+        description="colocated: generate with the training weights in the policy workers; split: "
+        "separate generation workers that receive new weights after each update.",
+    )
+    num_workers: int = Field(1, gt=0, description="Generation workers (split placement).")
+    cpus_per_worker: int = Field(1, gt=0, description="CPU cores per generation worker (split placement).")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = Field(None, gt=0)
+    max_new_tokens: int = Field(64, gt=0)
+    stop_strings: list[str] = Field(default_factory=list)
+    batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
+
+
+class EnvironmentConfig(Strict):
+    name: str = Field("math", description="A registered environment or `package.module:Class`.")
+    kwargs: dict = Field(default_factory=dict)
+    num_workers: int = Field(1, gt=0)
+    max_turns: int = Field(1, gt=0)
+
+
+class LossConfig(Strict):
+    """The clipped policy-gradient loss (see posttrain.algorithms.policy_loss)."""
+
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0, description="DAPO clip-higher: e.g. 0.28.")
+    dual_clip: float | None = Field(None, gt=1)
+    ratio_level: Literal["token", "sequence"] = Field("token", description="sequence: GSPO.")
+    aggregation: Literal["token", "sequence", "seq_mean_token_sum"] = "token"
+    kl_beta: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    importance_correction: Literal["plain", "truncated"] | None = None
+    importance_cap: float = Field(2.0, gt=0)
+
+
+class AdvantageConfig(Strict):
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    normalize_std: bool = True
+    leave_one_out: bool = False
+
+
+class DAPOConfig(Strict):
+    dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and refill.")
+    max_generation_rounds: int = Field(4, gt=0)
+    overlong_filter: bool = Field(False, description="Exclude truncated samples from the loss.")
+    overlong_buffer: int | None = Field(
+        None, gt=0, description="Soft overlong penalty over the last N tokens."
+    )
+    overlong_penalty: float = Field(1.0, ge=0)
+
+
+class GRPOTrainerConfig(Strict):
+    max_steps: int = Field(40, gt=0)
+    prompts_per_step: int = Field(8, gt=0)
+    generations_per_prompt: int = Field(8, gt=1, description="G, the group size.")
+    updates_per_batch: int = Field(
+        1, gt=0, description="Optimizer steps per rollout batch (1 = exactly on-policy)."
+    )
+    val_every: int = Field(10, gt=0)
+    val_at_start: bool = True
+    val_samples_per_prompt: int = Field(1, gt=0, description="n for pass@k on validation.")
+    val_temperature: float = Field(0.0, ge=0, description="0 = greedy.")
+    seed: int = 0
+
+
+class GRPOConfig(Strict):
+    """`posttrain grpo`."""
+
+    policy: PolicyConfig = PolicyConfig(
+        optimizer=OptimizerConfig(lr=1e-5, max_grad_norm=1.0),
+        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
+        max_seq_len=256,
+        train_micro_batch_size=8,
+        logprob_batch_size=16,
+    )
+    data: GRPODataConfig = GRPODataConfig()
+    generation: GenerationConfig = GenerationConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
+    loss: LossConfig = LossConfig()
+    dapo: DAPOConfig = DAPOConfig()
+    grpo: GRPOTrainerConfig = GRPOTrainerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10)
+    logging: LoggingConfig = LoggingConfig()
+
+
+ALGORITHM_CONFIGS: dict[str, type[Strict]] = {"sft": SFTConfig, "grpo": GRPOConfig}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,8 +16,16 @@ from posttrain.models.policy import LossFn, Policy, TrainResult
 class PolicyGroup:
     """N data-parallel `Policy` ranks. Every batch is split into N equal contiguous shards."""
 
+    worker_cls: type[Policy] = Policy
+
     def __init__(
-        self, cfg: PolicyConfig, cluster: ClusterConfig, *, model_path: str, total_steps: int
+        self,
+        cfg: PolicyConfig,
+        cluster: ClusterConfig,
+        *,
+        model_path: str,
+        total_steps: int,
+        **worker_kwargs: Any,
     ) -> None:
         n = cluster.policy_workers()
         gpus = 1 if cluster.gpus_per_node > 0 else 0
@@ -30,10 +39,11 @@ class PolicyGroup:
                 world_size=n,
                 gpus=gpus,
                 num_threads=threads,
+                **worker_kwargs,
             )
             for r in range(n)
         ]
-        self.workers = make_workers(Policy, kwargs, cluster, name="policy")
+        self.workers = make_workers(self.worker_cls, kwargs, cluster, name="policy")
         if n > 1:
             [(address, port)] = self.workers.run(Policy.rendezvous_address, [()])
             self.workers.run(Policy.init_distributed, [(address, port)] * n)

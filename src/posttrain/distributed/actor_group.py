@@ -1,0 +1,103 @@
+"""Worker groups for RL: the policy that also generates (colocated), and separate generation workers (split)."""
+
+from __future__ import annotations
+
+import torch
+
+from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfig
+from posttrain.data.batching import TokenBatch
+from posttrain.distributed.policy_group import PolicyGroup
+from posttrain.distributed.workers import Workers, make_workers
+from posttrain.models.actor import ActorPolicy, GenerationWorker
+from posttrain.models.generation import GenerationOutput, SamplingParams
+
+
+def _split(items: list, n: int) -> list[list]:
+    """At most n contiguous non-empty pieces whose sizes differ by at most one."""
+    n = max(1, min(n, len(items)))
+    bounds = [round(i * len(items) / n) for i in range(n + 1)]
+    return [items[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
+def generate_on(
+    workers: Workers, method, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
+) -> GenerationOutput:
+    """Spread prompts over the workers (each with its own seed) and concatenate the outputs in order."""
+    pieces = _split(prompt_ids, len(workers))
+    seeds = [None if params.seed is None else params.seed * 1000 + i for i in range(len(pieces))]
+    args = [
+        (piece, SamplingParams(**{**params.__dict__, "seed": seed}), batch_size)
+        for piece, seed in zip(pieces, seeds, strict=True)
+    ]
+    out = GenerationOutput()
+    for part in workers.run(method, args):
+        out.extend(part)
+    return out
+
+
+class ActorGroup(PolicyGroup):
+    """Data-parallel `ActorPolicy` ranks: train, score, and (colocated) generate."""
+
+    worker_cls = ActorPolicy
+
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
+    ) -> GenerationOutput:
+        return generate_on(self.workers, ActorPolicy.generate, prompt_ids, params, batch_size)
+
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        chunks = batch.chunks(self.world_size)
+        parts = self.workers.run(ActorPolicy.reference_logprobs, [(c,) for c in chunks])
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        start = 0
+        for chunk, part in zip(chunks, parts, strict=True):
+            out[start : start + len(chunk), : part.shape[1]] = part
+            start += len(chunk)
+        return out
+
+    def packed_weights(self) -> list:
+        [buckets] = self.workers.run(ActorPolicy.packed_weights, [()])
+        return buckets
+
+
+class GenerationGroup:
+    """Split placement: generation workers on their own resources, refitted from the policy after each update."""
+
+    def __init__(
+        self,
+        cfg: GenerationConfig,
+        policy_cfg: PolicyConfig,
+        cluster: ClusterConfig,
+        *,
+        model_path: str,
+        tokenizer_path: str,
+    ) -> None:
+        gpus = 1 if cluster.gpus_per_node > 0 else 0
+        kwargs = [
+            dict(
+                cfg=policy_cfg,
+                model_path=model_path,
+                tokenizer_path=tokenizer_path,
+                gpus=gpus,
+                num_threads=cfg.cpus_per_worker,
+            )
+            for _ in range(cfg.num_workers)
+        ]
+        gen_cluster = cluster.model_copy(update={"cpus_per_worker": cfg.cpus_per_worker})
+        self.workers = make_workers(GenerationWorker, kwargs, gen_cluster, name="generation")
+
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
+    ) -> GenerationOutput:
+        return generate_on(self.workers, GenerationWorker.generate, prompt_ids, params, batch_size)
+
+    def refit(self, policy: ActorGroup) -> int:
+        """Stream the policy's packed weights to every generation worker; returns tensors loaded per worker."""
+        buckets = policy.packed_weights()
+        return self.workers.run(GenerationWorker.load_weights, [(buckets,)] * len(self.workers))[0]
+
+    def parameters_checksum(self) -> list[float]:
+        return self.workers.run(GenerationWorker.parameters_checksum)
+
+    def shutdown(self) -> None:
+        self.workers.shutdown()

@@ -1,0 +1,1 @@
+"""Turn prompts into scored trajectories: generate, step environments, repeat for multi-turn."""

@@ -1,0 +1,381 @@
+"""Group Relative Policy Optimisation (and its DAPO / GSPO / Dr.GRPO / RLOO variants).
+
+One step:
+  1. sample `prompts_per_step` problems and generate G = `generations_per_prompt` answers each;
+  2. score them in the environment: reward r_i (math: 1 if the \\boxed{} answer is right);
+  3. advantages per group, e.g. GRPO: A_i = (r_i - mean_g r) / (std_g r + eps);
+  4. maximise the clipped surrogate  min(ρ_t A, clip(ρ_t, 1-ε_low, 1+ε_high) A) - β KL(π || π_ref)
+     over generated tokens, ρ_t = π(y_t|·) / π_old(y_t|·), normalised by the GLOBAL token count.
+     With one update per batch π_old is the current policy (ρ = 1 in value, the on-policy
+     shortcut: no extra forward pass).
+Generation uses the training weights in place (colocated) or separate workers refitted after
+every update (split).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.algorithms.advantages import compute_advantages
+from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
+from posttrain.algorithms.metrics import pass_at_k
+from posttrain.algorithms.policy_loss import clipped_pg_loss
+from posttrain.checkpoint import Checkpointer, resolve_resume
+from posttrain.config.schema import GRPOConfig
+from posttrain.data.batching import EpochSampler
+from posttrain.data.math import Problem, build_math_problems
+from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
+from posttrain.environments.group import EnvironmentGroup
+from posttrain.logging import MetricsLogger, Timer
+from posttrain.logging.plots import plot_curves
+from posttrain.models.generation import SamplingParams
+from posttrain.models.tokenizer import load_tokenizer
+from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, run_rollouts
+from posttrain.trainers.common import (
+    load_controller_state,
+    prepare_run_dir,
+    save_controller_state,
+    seed_everything,
+    sigterm_as_interrupt,
+)
+
+PLOTS = [
+    "reward/mean",
+    "val/accuracy",
+    "pg_loss",
+    "kl",
+    "token_mult_prob_error",
+    "response_length",
+    "timing/step",
+]
+
+
+def grpo_loss(
+    logprobs: torch.Tensor, batch: RLBatch, normalizer: float, *, token_normalizer: float, **knobs: Any
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped policy-gradient loss plus generation-vs-training diagnostics (shares of global means)."""
+    old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+    loss, metrics = clipped_pg_loss(
+        logprobs,
+        old,
+        batch.advantages,
+        batch.loss_mask,
+        normalizer=normalizer,
+        generation_logprobs=batch.generation_logprobs,
+        reference_logprobs=batch.reference_logprobs,
+        token_normalizer=token_normalizer,
+        **knobs,
+    )
+    mask = batch.loss_mask
+    delta = (batch.generation_logprobs - logprobs.detach()) * mask
+    metrics["token_mult_prob_error"] = float((torch.exp(delta.abs()) * mask).sum() / token_normalizer)
+    # k3 estimate of KL(π_gen || π_train) on tokens sampled from π_gen: r = π_train / π_gen
+    log_r = -delta
+    metrics["gen_kl"] = float(((torch.exp(log_r) - 1 - log_r) * mask).sum() / token_normalizer)
+    return loss, metrics
+
+
+@dataclass
+class GRPOResult:
+    run_dir: Path
+    step: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+
+
+class GRPOTrainer:
+    """Holds the workers and data of one run; `fit()` is the loop."""
+
+    def __init__(self, cfg: GRPOConfig) -> None:
+        self.cfg = cfg
+        self.run_dir = prepare_run_dir(cfg.logging.run_dir, "grpo", cfg)
+        seed_everything(cfg.grpo.seed)
+        from posttrain.models.hub import resolve_model
+
+        self.model_path = resolve_model(cfg.policy.model_name)
+        tokenizer_path = cfg.policy.tokenizer_name or self.model_path
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        max_prompt = cfg.policy.max_seq_len - cfg.generation.max_new_tokens
+        if max_prompt <= 0:
+            raise ValueError(
+                f"policy.max_seq_len ({cfg.policy.max_seq_len}) must exceed generation.max_new_tokens "
+                f"({cfg.generation.max_new_tokens}) to leave room for the prompt"
+            )
+        build = functools.partial(
+            build_math_problems,
+            tokenizer=self.tokenizer,
+            prompt_template=cfg.data.prompt_template,
+            system_prompt=cfg.data.system_prompt,
+            max_prompt_len=max_prompt,
+        )
+        self.train_problems = build(cfg.data.train)
+        self.val_problems = build(cfg.data.validation) if cfg.data.validation else []
+        self.sampler = EpochSampler(len(self.train_problems), cfg.grpo.prompts_per_step, seed=cfg.grpo.seed)
+        self.total_steps = cfg.grpo.max_steps
+        self.next_group_id = 0
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+        self.checkpointer.remove_partial()
+        self.policy = ActorGroup(
+            cfg.policy,
+            cfg.cluster,
+            model_path=self.model_path,
+            total_steps=cfg.grpo.max_steps * cfg.grpo.updates_per_batch,
+            tokenizer_path=tokenizer_path,
+            reference=cfg.loss.kl_beta > 0,
+        )
+        self.generator: ActorGroup | GenerationGroup = self.policy
+        self.split = cfg.generation.placement == "split"
+        if self.split:
+            self.generator = GenerationGroup(
+                cfg.generation,
+                cfg.policy,
+                cfg.cluster,
+                model_path=self.model_path,
+                tokenizer_path=tokenizer_path,
+            )
+        self.environment = EnvironmentGroup(
+            cfg.environment.name,
+            cfg.environment.kwargs,
+            num_workers=cfg.environment.num_workers,
+            backend=cfg.cluster.backend,
+        )
+        self.loss_fn_knobs = cfg.loss.model_dump()
+        self.timer = Timer()
+
+    # ---------------------------------------------------------------- phases
+    def sampling_params(self, *, validation: bool, seed: int) -> SamplingParams:
+        g = self.cfg.generation
+        temperature = self.cfg.grpo.val_temperature if validation else g.temperature
+        return SamplingParams(
+            temperature=temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            max_new_tokens=g.max_new_tokens,
+            stop_strings=tuple(g.stop_strings),
+            seed=seed,
+        )
+
+    def rollouts(self, problems: list[Problem], generations: int, params: SamplingParams) -> Rollouts:
+        out = run_rollouts(
+            problems,
+            generations_per_prompt=generations,
+            generator=self.generator,
+            environment=self.environment,
+            tokenizer=self.tokenizer,
+            params=params,
+            batch_size=self.cfg.generation.batch_size,
+            max_turns=self.cfg.environment.max_turns,
+            max_seq_len=self.cfg.policy.max_seq_len,
+            first_group_id=self.next_group_id,
+            timer=self.timer,
+        )
+        self.next_group_id += len(problems)
+        return out
+
+    def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+        """Rollouts for one step; with dynamic sampling, only groups whose rewards differ, refilled."""
+        g, dapo = self.cfg.grpo, self.cfg.dapo
+        kept, env_metrics, rounds, zero_fraction = [], {}, 0, []
+        while True:
+            rounds += 1
+            problems = [self.train_problems[i] for i in self.sampler.next_batch()]
+            seed = g.seed * 1_000_003 + step * 101 + rounds
+            batch = self.rollouts(
+                problems, g.generations_per_prompt, self.sampling_params(validation=False, seed=seed)
+            )
+            env_metrics = env_metrics or batch.env_metrics
+            zero = zero_variance_groups(batch.rewards, batch.group_ids)
+            zero_fraction.append(float(zero.float().mean()))
+            if not dapo.dynamic_sampling:
+                kept = batch.trajectories
+                break
+            kept += [t for t, z in zip(batch.trajectories, zero.tolist(), strict=True) if not z]
+            if len(kept) >= g.prompts_per_step * g.generations_per_prompt:
+                kept = kept[: g.prompts_per_step * g.generations_per_prompt]
+                break
+            if rounds >= dapo.max_generation_rounds:
+                raise RuntimeError(
+                    f"dynamic sampling: after {rounds} generation rounds only {len(kept) // g.generations_per_prompt} "
+                    f"of {g.prompts_per_step} groups had rewards that differ; raise dapo.max_generation_rounds, "
+                    "make the task easier or harder, or set dapo.dynamic_sampling=false"
+                )
+        stats = {
+            "dapo/generation_rounds": rounds,
+            "reward/zero_variance_fraction": sum(zero_fraction) / rounds,
+        }
+        return Rollouts(kept, env_metrics), stats
+
+    def make_batch(self, rollouts: Rollouts) -> tuple[RLBatch, dict[str, float]]:
+        cfg = self.cfg
+        rewards = rollouts.rewards
+        lengths = rollouts.response_lengths
+        if cfg.dapo.overlong_buffer:
+            rewards = rewards + overlong_reward_shaping(
+                lengths,
+                max_len=cfg.generation.max_new_tokens,
+                buffer_len=cfg.dapo.overlong_buffer,
+                penalty=cfg.dapo.overlong_penalty,
+            )
+        a = cfg.advantage
+        kwargs = (
+            {"normalize_std": a.normalize_std, "leave_one_out": a.leave_one_out}
+            if a.estimator == "grpo"
+            else {}
+        )
+        advantages = compute_advantages(a.estimator, rewards, rollouts.group_ids, **kwargs)
+        batch = build_rl_batch(rollouts.trajectories, advantages, self.tokenizer.pad_token_id)
+        if cfg.dapo.overlong_filter:
+            batch.loss_mask = batch.loss_mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
+        mask = batch.loss_mask
+        metrics = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "response_length": float(lengths.mean()),
+            "truncation_rate": float(rollouts.truncated.float().mean()),
+            "entropy": float(-(batch.generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
+        }
+        return batch, metrics
+
+    def normalizers(self, batch: RLBatch) -> tuple[float, float]:
+        """(loss normaliser for the configured aggregation, global count of valid tokens)."""
+        tokens = max(1.0, float(batch.loss_mask.sum()))
+        aggregation = self.cfg.loss.aggregation
+        if aggregation == "token":
+            return tokens, tokens
+        if aggregation == "sequence":
+            return float(len(batch)), tokens
+        return float(len(batch) * self.cfg.generation.max_new_tokens), tokens
+
+    def train_on(self, batch: RLBatch) -> dict[str, float]:
+        """`updates_per_batch` optimizer steps over contiguous minibatches of the rollout batch."""
+        cfg = self.cfg
+        if cfg.loss.kl_beta > 0:
+            with self.timer("reference_logprobs"):
+                batch.reference_logprobs = self.policy.reference_logprobs(batch)
+        if cfg.grpo.updates_per_batch > 1:
+            with self.timer("old_logprobs"):
+                batch.old_logprobs = self.policy.logprobs(batch)
+        metrics: dict[str, float] = {}
+        minibatches = batch.chunks(cfg.grpo.updates_per_batch)
+        with self.timer("training"):
+            for mb in minibatches:
+                normalizer, tokens = self.normalizers(mb)
+                loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
+                out = self.policy.train(mb, loss_fn, normalizer)
+                for k, v in out.loss_metrics.items():
+                    metrics[k] = metrics.get(k, 0.0) + v / len(minibatches)
+                metrics["grad_norm"], metrics["lr"] = out.grad_norm, out.lr
+        if self.split:
+            with self.timer("refit"):
+                self.generator.refit(self.policy)
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        if not self.val_problems:
+            return {}
+        n = self.cfg.grpo.val_samples_per_prompt
+        with self.timer("validation"):
+            r = self.rollouts(
+                self.val_problems, n, self.sampling_params(validation=True, seed=self.cfg.grpo.seed)
+            )
+        correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in r.trajectories]
+        per_problem = [sum(correct[i * n : (i + 1) * n]) for i in range(len(self.val_problems))]
+        metrics = {
+            "val/accuracy": sum(correct) / len(correct),
+            "val/reward": float(r.rewards.mean()),
+            "val/response_length": float(r.response_lengths.mean()),
+        }
+        if n > 1:
+            metrics[f"val/pass@{n}"] = sum(pass_at_k(n, c, n) for c in per_problem) / len(per_problem)
+        return metrics
+
+    # ---------------------------------------------------------------- state
+    def save(self, step: int) -> Path:
+        def write(directory: Path) -> None:
+            self.policy.save_checkpoint(directory)
+            state = {"sampler": self.sampler.state_dict(), "next_group_id": self.next_group_id}
+            save_controller_state(directory, step, state, self.cfg)
+
+        return self.checkpointer.save(step, write)
+
+    def restore(self, checkpoint: Path) -> int:
+        self.policy.load_checkpoint(checkpoint)
+        state = load_controller_state(checkpoint)
+        self.sampler.load_state_dict(state["sampler"])
+        self.next_group_id = state["next_group_id"]
+        if self.split:
+            self.generator.refit(self.policy)
+        return state["step"]
+
+    def shutdown(self) -> None:
+        self.environment.shutdown()
+        if self.split:
+            self.generator.shutdown()
+        self.policy.shutdown()
+
+    # ---------------------------------------------------------------- loop
+    def fit(self, *, stop_after: int | None = None) -> GRPOResult:
+        cfg = self.cfg
+        resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpointer)
+        step = self.restore(resume_from) if resume_from else 0
+        result = GRPOResult(self.run_dir, step, last_checkpoint=resume_from)
+        logger = MetricsLogger(cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step)
+        logger.info(
+            f"GRPO: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
+            f"{cfg.grpo.prompts_per_step} prompts x {cfg.grpo.generations_per_prompt} generations per step; "
+            f"{self.total_steps} steps; generation {cfg.generation.backend} ({cfg.generation.placement}); "
+            f"run dir {self.run_dir}" + (f"; resumed from {resume_from}" if resume_from else "")
+        )
+
+        def log(step: int, metrics: dict[str, float]) -> None:
+            logger.log(step, metrics)
+            result.history.append({"step": step, **metrics})
+
+        try:
+            with sigterm_as_interrupt():
+                if step == 0 and cfg.grpo.val_at_start:
+                    log(0, self.validate())
+                done_here = 0
+                while step < self.total_steps and (stop_after is None or done_here < stop_after):
+                    start = time.perf_counter()
+                    rollouts, collect_stats = self.collect(step)
+                    batch, batch_metrics = self.make_batch(rollouts)
+                    train_metrics = self.train_on(batch)
+                    step, done_here = step + 1, done_here + 1
+                    metrics = {**rollouts.env_metrics, **collect_stats, **batch_metrics, **train_metrics}
+                    metrics.update(self.timer.pop())
+                    metrics["timing/step"] = time.perf_counter() - start
+                    log(step, metrics)
+                    if step % cfg.grpo.val_every == 0 or step == self.total_steps:
+                        log(step, self.validate())
+                    if cfg.checkpoint.enabled and step % cfg.checkpoint.save_every == 0:
+                        result.last_checkpoint = self.save(step)
+                result.step = step
+                if cfg.checkpoint.enabled and (
+                    result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"
+                ):
+                    result.last_checkpoint = self.save(step)
+        except KeyboardInterrupt:
+            print(
+                f"\ninterrupted; latest complete checkpoint: {self.checkpointer.latest() or 'none'}. "
+                "Run the same command to resume."
+            )
+            raise
+        finally:
+            logger.close()
+            plot_curves(self.run_dir, PLOTS)
+        return result
+
+
+def run_grpo(cfg: GRPOConfig, *, stop_after: int | None = None) -> GRPOResult:
+    trainer = GRPOTrainer(cfg)
+    try:
+        return trainer.fit(stop_after=stop_after)
+    finally:
+        trainer.shutdown()
