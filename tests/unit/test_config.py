@@ -51,6 +51,10 @@ def test_defaults_inheritance_and_overrides(tmp_path):
 def test_naming_a_file_source_replaces_the_generated_default():
     cfg = load_config(SFTConfig, None, ["data.train.path=my.jsonl"])
     assert cfg.data.train.path == "my.jsonl" and cfg.data.train.reasoning_gym is None
+    # overriding one field of the generated source keeps its other fields
+    cfg = load_config(SFTConfig, None, ["data.validation.reasoning_gym.size=3"])
+    assert cfg.data.validation.reasoning_gym.size == 3
+    assert cfg.data.validation.reasoning_gym.kwargs == SFTConfig().data.validation.reasoning_gym.kwargs != {}
     with pytest.raises(ConfigError, match="set exactly one of `path`"):
         load_config(SFTConfig, None, ["data.train.path=my.jsonl", "data.train.reasoning_gym.size=3"])
 

@@ -43,7 +43,7 @@ def merge_onto_defaults(defaults: dict, user: dict) -> dict:
         base = merged.get(key)
         if isinstance(value, dict) and isinstance(base, dict):
             if value.keys() & SOURCE_KEYS:
-                base = {k: v for k, v in base.items() if k not in SOURCE_KEYS}
+                base = {k: v for k, v in base.items() if k not in SOURCE_KEYS - value.keys()}
             merged[key] = merge_onto_defaults(base, value)
         else:
             merged[key] = value

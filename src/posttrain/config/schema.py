@@ -207,6 +207,8 @@ _GRPO_ARITH_KWARGS: dict = {
     "min_digits": 1,
     "max_digits": 1,
     "operators": ["+"],
+    "allow_parentheses": False,
+    "allow_negation": False,
 }
 
 

@@ -2,7 +2,12 @@
 
 The decoder runs once; the vocabulary projection runs only on the hidden states of positions
 whose next token is a target, a chunk of `chunk_size` positions at a time, so full-vocabulary
-fp32 logits never exist for the whole batch at once.
+fp32 logits never exist for the whole batch at once outside of training.
+
+For a plain bias-free `nn.Linear` head (every HF causal LM we train) the projection and the
+log-softmax are one autograd function, `LinearLogprobs`, whose backward costs the two matmuls
+it must and little else (see its docstring). Other heads (LoRA-wrapped, biased, hooked) take the
+generic path through the module and autograd.
 """
 
 from __future__ import annotations
@@ -16,10 +21,102 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def _linear_logprobs_chunk(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, keep_probs: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(hidden @ weight.T)[target] in fp32 ([n]) and, if `keep_probs`, the softmax [n, V].
+
+    One [n, V] buffer: the logits, turned in place into exp(logits - max) and then probabilities.
+    lp = logit[target] - (max + log sum exp(logits - max)), the same sum as torch.logsumexp.
+    """
+    logits = (hidden @ weight.T).float()  # no copy when already fp32
+    target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1)
+    row_max = logits.amax(dim=1, keepdim=True)
+    exp = logits.sub_(row_max).exp_()
+    row_sum = exp.sum(dim=1, keepdim=True)
+    lp = target_logits - (row_max + row_sum.log()).squeeze(1)
+    return lp, exp.div_(row_sum) if keep_probs else None
+
+
+class LinearLogprobs(torch.autograd.Function):
+    """lp[i] = log softmax(hidden @ weight.T)[i, targets[i]] with a lean backward.
+
+    Shapes: hidden [N, H], weight [V, H] (a bias-free lm_head), targets [N] -> lp [N] in fp32.
+    Forward keeps only the softmax P [N, V] (as autograd would keep the logits). With upstream
+    gradient g [N], d lp_i / d logits_ij = 1[j = t_i] - P_ij, so
+
+        d hidden = -g * (P @ W) + g * W[t]           (row-wise scaling, a row gather)
+        d weight = P.T @ (-g * hidden) + scatter_add(t, g * hidden)
+
+    i.e. two matmuls and no elementwise pass over the [N, V] matrix. P is not modified, so a
+    second backward (retain_graph) is correct too. Chunks of `chunk_size` rows bound the size
+    of one matmul and its temporary; all chunks' P are kept for backward.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_size):  # type: ignore[override]
+        lps, probs = [], []
+        for start in range(0, hidden.shape[0], chunk_size):
+            stop = start + chunk_size
+            lp, p = _linear_logprobs_chunk(hidden[start:stop], weight, targets[start:stop], keep_probs=True)
+            lps.append(lp)
+            probs.append(p)
+        ctx.chunk_size = chunk_size
+        ctx.save_for_backward(hidden, weight, targets, *probs)
+        return torch.cat(lps) if len(lps) > 1 else lps[0]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_lp):  # type: ignore[override]
+        hidden, weight, targets, *probs = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        g = grad_lp.to(hidden.dtype).unsqueeze(1)  # [N, 1]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = None
+        for i, p in enumerate(probs):
+            rows = slice(i * ctx.chunk_size, (i + 1) * ctx.chunk_size)
+            p = p.to(weight.dtype)  # no copy when already fp32
+            g_c, t_c = g[rows], targets[rows]
+            if need_hidden:
+                torch.mm(p, weight, out=grad_hidden[rows])
+                grad_hidden[rows].mul_(-g_c).addcmul_(g_c, weight[t_c])
+            if need_weight:
+                h_g = hidden[rows] * g_c
+                if grad_weight is None:
+                    grad_weight = p.T @ h_g.neg()
+                else:
+                    grad_weight.addmm_(p.T, h_g, alpha=-1)
+                grad_weight.index_add_(0, t_c, h_g)
+        return grad_hidden, grad_weight, None, None
+
+
+def _plain_linear_weight(lm_head: torch.nn.Module) -> torch.Tensor | None:
+    """The weight of a bias-free, hook-free, plain nn.Linear on a plain tensor; else None."""
+    if type(lm_head) is not torch.nn.Linear or lm_head.bias is not None:
+        return None
+    if lm_head._forward_hooks or lm_head._forward_pre_hooks:
+        return None
+    weight = lm_head.weight
+    if type(weight) not in (torch.Tensor, torch.nn.Parameter):  # e.g. a DTensor under FSDP
+        return None
+    return weight
+
+
 def chunked_logprobs(
     hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, chunk_size: int
 ) -> torch.Tensor:
     """[N, H] hidden states and [N] targets -> [N] log-probabilities, `chunk_size` rows at a time."""
+    weight = _plain_linear_weight(lm_head)
+    if weight is not None and hidden.shape[0] > 0:
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            return LinearLogprobs.apply(hidden, weight, targets, chunk_size)
+        parts = [
+            _linear_logprobs_chunk(
+                hidden[i : i + chunk_size], weight, targets[i : i + chunk_size], keep_probs=False
+            )[0]
+            for i in range(0, hidden.shape[0], chunk_size)
+        ]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
     if hidden.shape[0] <= chunk_size:
         return gather_logprobs(lm_head(hidden), targets)
     parts = [

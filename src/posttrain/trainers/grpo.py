@@ -334,6 +334,8 @@ class GRPOTrainer:
         )
 
         def log(step: int, metrics: dict[str, float]) -> None:
+            if not metrics:
+                return
             logger.log(step, metrics)
             result.history.append({"step": step, **metrics})
 
@@ -341,6 +343,7 @@ class GRPOTrainer:
             with sigterm_as_interrupt():
                 if step == 0 and cfg.grpo.val_at_start:
                     log(0, self.validate())
+                    self.timer.pop()
                 done_here = 0
                 while step < self.total_steps and (stop_after is None or done_here < stop_after):
                     start = time.perf_counter()
