@@ -98,3 +98,45 @@ def test_worker_exception_reaches_the_user_with_the_worker_name(ray_cluster, tmp
         match=r"worker policy-0 failed:(.|\n)*File \".*policy.py\", line \d+, in __init__(.|\n)*SafetensorError",
     ):
         run_sft(cfg)
+
+
+def test_sigterm_never_leaves_a_checkpoint_a_resume_would_pick(tiny_model_dir, data, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from posttrain.checkpoint import Checkpointer
+
+    run_dir = tmp_path / "run"
+    args = sft_overrides(
+        tiny_model_dir,
+        data,
+        run_dir,
+        **{
+            "sft.max_steps": 400,
+            "checkpoint.save_every": 1,
+            "checkpoint.keep_last": 50,
+            "sft.val_every": 1000,
+        },
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "posttrain.cli", "sft", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    deadline = time.time() + 120
+    while len(ckpt.complete()) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "interrupted; latest complete checkpoint" in output
+    leftovers = [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith("step_")]
+    assert leftovers == []
+    steps = [int(p.name.split("_")[1]) for p in ckpt.complete()]
+    assert len(steps) >= 3 and all((p / "model" / "model.safetensors").is_file() for p in ckpt.complete())
+    resumed = run_sft(_cfg(tiny_model_dir, data, run_dir, **{"sft.max_steps": steps[-1] + 1}))
+    assert [h["step"] for h in resumed.history if "loss" in h] == [steps[-1] + 1]
