@@ -24,3 +24,30 @@ def shard_model(model: torch.nn.Module, *, dtype: torch.dtype) -> None:
     for layer in layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Gather the sharded parameters into full CPU tensors (a collective: every rank must call it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Scatter full tensors (on every rank) into the sharded parameters."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def optimizer_shard_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """This rank's shard of the optimizer state (saved per rank)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer)
+
+
+def load_optimizer_shard_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state)
