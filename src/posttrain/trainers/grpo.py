@@ -15,6 +15,7 @@ every update (split).
 from __future__ import annotations
 
 import functools
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,6 +296,20 @@ class GRPOTrainer:
             metrics[f"val/pass@{n}"] = sum(pass_at_k(n, c, n) for c in per_problem) / len(per_problem)
         return metrics
 
+    def write_samples(self, step: int, rollouts: Rollouts, count: int = 4) -> None:
+        """A few trajectories per step in samples.jsonl, to read what the model writes."""
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for t in rollouts.trajectories[:count]:
+                row = {
+                    "step": step,
+                    "prompt": t.messages[-2]["content"],
+                    "completion": t.messages[-1]["content"],
+                    "answer": t.metadata.get("answer"),
+                    "reward": t.reward,
+                    "truncated": t.truncated,
+                }
+                f.write(json.dumps(row) + "\n")
+
     # ---------------------------------------------------------------- state
     def save(self, step: int) -> Path:
         def write(directory: Path) -> None:
@@ -355,6 +370,7 @@ class GRPOTrainer:
                     metrics.update(self.timer.pop())
                     metrics["timing/step"] = time.perf_counter() - start
                     log(step, metrics)
+                    self.write_samples(step, rollouts)
                     if step % cfg.grpo.val_every == 0 or step == self.total_steps:
                         log(step, self.validate())
                     if cfg.checkpoint.enabled and step % cfg.checkpoint.save_every == 0:
