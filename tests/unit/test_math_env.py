@@ -299,3 +299,16 @@ def test_example_environment_plays_to_the_end():
     r3 = env.step([[{"role": "assistant", "content": "4"}]], r2.metadata[1:])
     assert r3.done == [True] and r3.metadata[0]["turn"] == 3
     assert env.batch_metrics(r2) == {"env/solved": 0.5}
+
+
+def test_an_empty_box_is_no_answer_and_earns_no_format_reward():
+    from posttrain.environments.math import MathEnvironment
+
+    env = MathEnvironment(format_reward=0.1)
+    try:
+        logs = [[{"role": "assistant", "content": c}] for c in ("\\boxed{}", "\\boxed{ }", "\\boxed{3}", "\\boxed{4}")]
+        result = env.step(logs, [{"answer": "4"}] * 4)
+    finally:
+        env.close()
+    assert result.rewards == [0.0, 0.0, 0.1, 1.0]
+    assert env.batch_metrics(result)["env/boxed_rate"] == 0.5

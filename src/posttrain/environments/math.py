@@ -125,6 +125,7 @@ class MathEnvironment:
                     f"MathEnvironment needs metadata['answer'] (the ground truth); sample {k} has {sorted(meta)}"
                 )
         boxed = [extract_last_boxed(last_assistant_content(log)) for log in message_logs]
+        boxed = [b if b and b.strip() else None for b in boxed]  # an empty \\boxed{} is no answer
         to_check = [k for k, b in enumerate(boxed) if b is not None]
         outcomes = (
             self._get_pool().map([(boxed[k], str(metadata[k]["answer"])) for k in to_check])
