@@ -306,9 +306,29 @@ def test_an_empty_box_is_no_answer_and_earns_no_format_reward():
 
     env = MathEnvironment(format_reward=0.1)
     try:
-        logs = [[{"role": "assistant", "content": c}] for c in ("\\boxed{}", "\\boxed{ }", "\\boxed{3}", "\\boxed{4}")]
+        logs = [
+            [{"role": "assistant", "content": c}]
+            for c in ("\\boxed{}", "\\boxed{ }", "\\boxed{3}", "\\boxed{4}")
+        ]
         result = env.step(logs, [{"answer": "4"}] * 4)
     finally:
         env.close()
     assert result.rewards == [0.0, 0.0, 0.1, 1.0]
     assert env.batch_metrics(result)["env/boxed_rate"] == 0.5
+
+
+def test_a_numeric_ground_truth_needs_a_numeric_answer_not_the_question():
+    from posttrain.environments.math import is_number_literal, math_verify_equal
+
+    # math-verify alone would accept `4 + 8` for 12: a policy learns to box the question
+    assert not math_verify_equal("4 + 8", "12")
+    assert math_verify_equal("12", "12") and math_verify_equal("1/2", "0.5")
+    assert math_verify_equal("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2")  # symbolic ground truth: any form
+    assert [is_number_literal(t) for t in ("-3.5", "1,000", "\\$12", "\\frac{1}{2}", "2*6", "x")] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]

@@ -10,6 +10,7 @@ the subprocess timeout, which works in any thread, in Ray actors, and for any `v
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -63,9 +64,28 @@ class _QuietTimeoutWarning(logging.Filter):
         return "Timeout is disabled" not in record.getMessage()
 
 
+_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)")
+_FRACTION = re.compile(r"[-+]?(\\[dt]?frac\{\d+\}\{\d+\}|\d+/\d+)")
+_DECORATION = re.compile(r"\\text\{[^{}]*\}|\\[$%!,;]|[\s$%,]")
+
+
+def is_number_literal(text: str) -> bool:
+    """`12`, `-3.5`, `1,000`, `\\$12`, `1/2`, `\\frac{1}{2}`; not `4 + 8`, `2*6` or `x`."""
+    bare = _DECORATION.sub("", text)
+    return bool(_NUMBER.fullmatch(bare) or _FRACTION.fullmatch(bare))
+
+
 def math_verify_equal(prediction: str, answer: str) -> bool:
-    """Whether `prediction` (the content of a box) equals `answer` by math-verify (`1/2` == `0.5`)."""
+    """Whether `prediction` (the content of a box) equals `answer` by math-verify (`1/2` == `0.5`).
+
+    When the ground truth is a number, the prediction must be a number too: math-verify would
+    otherwise accept an unevaluated expression such as `4 + 8` for 12, which a policy learns to
+    exploit by copying the question into the box.
+    """
     from math_verify import parse, verify
+
+    if is_number_literal(answer) and not is_number_literal(prediction):
+        return False
 
     log = logging.getLogger("math_verify")
     if not any(isinstance(f, _QuietTimeoutWarning) for f in log.filters):
