@@ -46,14 +46,7 @@ class ActorGroup(PolicyGroup):
         return generate_on(self.workers, ActorPolicy.generate, prompt_ids, params, batch_size)
 
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        chunks = batch.chunks(self.world_size)
-        parts = self.workers.run(ActorPolicy.reference_logprobs, [(c,) for c in chunks])
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        start = 0
-        for chunk, part in zip(chunks, parts, strict=True):
-            out[start : start + len(chunk), : part.shape[1]] = part
-            start += len(chunk)
-        return out
+        return self.run_chunked(ActorPolicy.reference_logprobs, batch)
 
     def packed_weights(self) -> list:
         [buckets] = self.workers.run(ActorPolicy.packed_weights, [()])

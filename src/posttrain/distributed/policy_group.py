@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,12 @@ class PolicyGroup:
 
     def logprobs(self, batch: TokenBatch, target_mask: str = "loss_mask") -> torch.Tensor:
         """[B, T] log-probabilities, the batch split over ranks."""
+        return self.run_chunked(Policy.logprobs, batch, target_mask)
+
+    def run_chunked(self, method: Callable, batch: TokenBatch, *args: Any) -> torch.Tensor:
+        """Split the batch over ranks, run `method(chunk, *args)` -> [b, t] on each, reassemble [B, T]."""
         chunks = batch.chunks(self.world_size)
-        parts = self.workers.run(Policy.logprobs, [(chunk, target_mask) for chunk in chunks])
+        parts = self.workers.run(method, [(chunk, *args) for chunk in chunks])
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         start = 0
         for chunk, part in zip(chunks, parts, strict=True):

@@ -98,18 +98,7 @@ class RayWorkers:
         return self._get(refs)
 
     def _get(self, refs: list) -> list[Any]:
-        """Wait for all; the first failure is raised at once, named, even while other ranks still run."""
-        import ray
-
-        index = {ref: i for i, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                ray.get(done[0])
-            except ray.exceptions.RayError as e:
-                raise WorkerError(f"worker {self.names[index[done[0]]]} failed:\n{e}") from None
-        return ray.get(refs)
+        return get_named(refs, self.names)
 
     def shutdown(self) -> None:
         import ray
@@ -121,6 +110,22 @@ class RayWorkers:
 
 
 Workers = LocalWorkers | RayWorkers
+
+
+def get_named(refs: list, names: Sequence[str]) -> list[Any]:
+    """ray.get every ref (refs[i] belongs to worker names[i]); the first failure is raised at once,
+    naming its worker, even while the other workers still run."""
+    import ray
+
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(done[0])
+        except ray.exceptions.RayError as e:
+            raise WorkerError(f"worker {names[index[done[0]]]} failed:\n{e}") from None
+    return ray.get(refs)
 
 
 def init_ray(cluster: ClusterConfig) -> None:

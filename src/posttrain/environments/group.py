@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from posttrain.distributed.workers import WorkerError
+from posttrain.distributed.workers import WorkerError, get_named
 from posttrain.environments.interface import EnvStepResult, Message, resolve_environment
 
 
@@ -148,18 +148,7 @@ class EnvironmentGroup:
         return self._get([self._actors[0].batch_metrics.remote(results)])[0]
 
     def _get(self, refs: list) -> list[Any]:
-        """Wait for all; the first failure is raised at once, naming its worker (refs[r] is worker r's)."""
-        import ray
-
-        index = {ref: r for r, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                ray.get(done[0])
-            except ray.exceptions.RayError as e:
-                raise WorkerError(f"environment worker {self.names[index[done[0]]]} failed:\n{e}") from None
-        return ray.get(refs)
+        return get_named(refs, self.names)
 
     def shutdown(self) -> None:
         """Close the environments (stopping their verifier processes) and end the actors. Idempotent."""
