@@ -65,3 +65,15 @@ def test_cli_print_config_and_config_errors(capsys):
     assert "max_steps: 3" in out and "model_name: smollm2-135m-instruct" in out
     assert main(["sft", "--print-config", "sft.max_stepz=3"]) == 2
     assert "Did you mean `sft.max_steps`?" in capsys.readouterr().err
+
+
+def test_quickstart_recipes_spell_out_the_defaults():
+    """`posttrain grpo` with no arguments runs exactly examples/configs/grpo_math.yaml (and sft likewise)."""
+    from posttrain.config.schema import GRPOConfig
+
+    root = Path(__file__).parents[2] / "examples" / "configs"
+    for name, model in (("grpo_math.yaml", GRPOConfig), ("sft.yaml", SFTConfig)):
+        recipe = load_config(model, root / name).model_dump()
+        default = model().model_dump()
+        recipe["logging"].pop("run_dir"), default["logging"].pop("run_dir")
+        assert recipe == default, name

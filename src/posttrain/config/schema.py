@@ -55,6 +55,11 @@ class PolicyConfig(Strict):
         2048, gt=0, description="Tokens whose full-vocabulary logits exist at once in `logprobs`."
     )
     activation_checkpointing: bool = False
+    compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer (regional: one compilation shared by all layers). "
+        "Faster steps after a one-off compile of the first steps; see benchmarks/sft_mfu.py.",
+    )
     fsdp: bool = Field(False, description="Shard with FSDP2 (fully_shard); CUDA only.")
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -196,7 +201,7 @@ class SFTConfig(Strict):
     data: SFTDataConfig = SFTDataConfig()
     sft: SFTTrainerConfig = SFTTrainerConfig()
     cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=20)
     logging: LoggingConfig = LoggingConfig()
 
 
@@ -226,7 +231,7 @@ class GRPODataConfig(Strict):
     prompt_template: str = Field(
         "{problem}", description="Formats the user message; `{problem}` is replaced."
     )
-    system_prompt: str | None = None
+    system_prompt: str | None = "Put the final answer in \\boxed{}."
 
 
 class GenerationConfig(Strict):
@@ -243,14 +248,17 @@ class GenerationConfig(Strict):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = Field(None, gt=0)
-    max_new_tokens: int = Field(64, gt=0)
+    max_new_tokens: int = Field(32, gt=0)
     stop_strings: list[str] = Field(default_factory=list)
     batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
 
 
 class EnvironmentConfig(Strict):
     name: str = Field("math", description="A registered environment or `package.module:Class`.")
-    kwargs: dict = Field(default_factory=dict)
+    kwargs: dict = Field(
+        default_factory=lambda: {"format_reward": 0.1},
+        description="Constructor arguments; math: timeout_s, format_reward (for a boxed but wrong answer).",
+    )
     num_workers: int = Field(1, gt=0)
     max_turns: int = Field(1, gt=0)
 
@@ -288,7 +296,7 @@ class DAPOConfig(Strict):
 class GRPOTrainerConfig(Strict):
     max_steps: int = Field(40, gt=0)
     prompts_per_step: int = Field(8, gt=0)
-    generations_per_prompt: int = Field(8, gt=1, description="G, the group size.")
+    generations_per_prompt: int = Field(4, gt=1, description="G, the group size.")
     updates_per_batch: int = Field(
         1, gt=0, description="Optimizer steps per rollout batch (1 = exactly on-policy)."
     )
@@ -303,9 +311,9 @@ class GRPOConfig(Strict):
     """`posttrain grpo`."""
 
     policy: PolicyConfig = PolicyConfig(
-        optimizer=OptimizerConfig(lr=1e-5, max_grad_norm=1.0),
+        optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
         scheduler=SchedulerConfig(name="constant", warmup_steps=0),
-        max_seq_len=256,
+        max_seq_len=128,
         train_micro_batch_size=8,
         logprob_batch_size=16,
     )
