@@ -23,9 +23,10 @@ def _policy(tiny_model_dir, micro=8, **kw) -> ActorPolicy:
     return ActorPolicy(cfg, model_path=str(tiny_model_dir), total_steps=1, tokenizer_path=str(tiny_model_dir))
 
 
-def _sampled_batch(policy: ActorPolicy, tokenizer, n=8):
+def _sampled_batch(policy: ActorPolicy, tokenizer, n=8, temperature=1.0):
     prompts = [tokenizer(f"What is {i} + {i}?")["input_ids"] for i in range(n // 2) for _ in range(2)]
-    out = policy.generate(prompts, SamplingParams(max_new_tokens=12, seed=0), batch_size=8)
+    params = SamplingParams(max_new_tokens=12, seed=0, temperature=temperature)
+    out = policy.generate(prompts, params, batch_size=8)
     trajectories = [
         Trajectory(p + ids, [0] * len(p) + [1] * len(ids), [0.0] * len(p) + lps, [], {}, group_id=i // 2)
         for i, (p, ids, lps) in enumerate(zip(prompts, out.token_ids, out.logprobs, strict=True))
@@ -34,16 +35,17 @@ def _sampled_batch(policy: ActorPolicy, tokenizer, n=8):
     return build_rl_batch(trajectories, advantages, tokenizer.pad_token_id)
 
 
-def test_generation_logprobs_match_training_logprobs(tiny_model_dir, tokenizer):
-    policy = _policy(tiny_model_dir)
-    batch = _sampled_batch(policy, tokenizer)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_generation_logprobs_match_training_logprobs(tiny_model_dir, tokenizer, temperature):
+    policy = _policy(tiny_model_dir, logprob_temperature=temperature)
+    batch = _sampled_batch(policy, tokenizer, temperature=temperature)
     assert batch.loss_mask.sum() > 40
     train_lp = policy.logprobs(batch)
     mask = batch.loss_mask
     error = float((torch.exp((train_lp - batch.generation_logprobs).abs()) * mask).sum() / mask.sum())
     assert 1.0 <= error <= 1.01
     # the check can fail: logprobs of another model are far off
-    other = _policy(tiny_model_dir)
+    other = _policy(tiny_model_dir, logprob_temperature=temperature)
     torch.nn.init.normal_(other.model.get_output_embeddings().weight, std=0.5)
     wrong = other.logprobs(batch)
     assert float((torch.exp((wrong - batch.generation_logprobs).abs()) * mask).sum() / mask.sum()) > 1.1

@@ -54,6 +54,11 @@ class PolicyConfig(Strict):
     logprob_chunk_size: int = Field(
         2048, gt=0, description="Tokens whose full-vocabulary logits exist at once in `logprobs`."
     )
+    logprob_temperature: float = Field(
+        1.0,
+        gt=0,
+        description="Log-probabilities of softmax(logits / T); GRPO sets it to generation.temperature.",
+    )
     activation_checkpointing: bool = False
     compile: bool = Field(
         False,

@@ -11,33 +11,10 @@ import torch
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.models.generation import GenerationOutput, SamplingParams, hf_generate
-from posttrain.models.logprobs import token_logprobs
+from posttrain.models.logprobs import batched_logprobs
 from posttrain.models.policy import DTYPES, Policy, load_causal_lm, pick_device
 from posttrain.models.refit import PackedBucket, load_packed, pack_state_dict
 from posttrain.models.tokenizer import load_tokenizer
-
-
-@torch.no_grad()
-def batched_logprobs(
-    model: torch.nn.Module, batch: TokenBatch, target_mask: str, *, batch_size: int, chunk_size: int
-) -> torch.Tensor:
-    """[B, T] log-probabilities (CPU, fp32) of the tokens where `batch.<target_mask>` is set."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    for start in range(0, len(batch), batch_size):
-        micro = batch.select(start, min(start + batch_size, len(batch)))
-        lp = token_logprobs(
-            model,
-            micro.input_ids.to(device),
-            micro.attention_mask.to(device),
-            getattr(micro, target_mask).to(device),
-            chunk_size=chunk_size,
-        )
-        out[start : start + len(micro), : lp.shape[1]] = lp.float().cpu()
-    model.train(was_training)
-    return out
 
 
 def _in_ray_worker() -> bool:

@@ -1,8 +1,9 @@
 """Sampling from a causal LM: prompt token ids in; sampled ids, per-token logprobs and truncation flags out.
 
-`GenerationOutput.logprobs[i][t]` is log softmax(raw logits)[token], the model's own
-log-probability at temperature 1 (before temperature, top-p and top-k), which is what the
-training forward pass computes, so the two can be compared token for token.
+`GenerationOutput.logprobs[i][t]` is log softmax(logits / temperature)[token] (temperature 1
+when greedy), before top-p and top-k truncation: the distribution that RL trains, which the
+training forward pass computes with `policy.logprob_temperature` set to the same temperature,
+so the two can be compared token for token.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def hf_generate(
         )
         generated = result.sequences[:, ids.shape[1] :]
         logits = torch.stack(result.logits, dim=1).float()  # [B, N, V] raw logits
+        if sample and params.temperature != 1.0:
+            logits = logits / params.temperature  # the distribution sampled from (before top-p / top-k)
         logprobs = (
             logits.gather(-1, generated[:, : logits.shape[1], None]).squeeze(-1) - logits.logsumexp(-1)
         ).cpu()

@@ -12,6 +12,8 @@ generic path through the module and autograd.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -133,17 +135,51 @@ def token_logprobs(
     target_mask: torch.Tensor,
     *,
     chunk_size: int = 2048,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """[B, T] tensor whose [b, t] is log p(input_ids[b, t] | input_ids[b, <t]) where target_mask is set, else 0.
+
+    p is softmax(logits / temperature): RL trains the distribution it samples from.
 
     `model` is a Hugging Face causal LM; its decoder (`base_model`) and `lm_head` are called
     separately so that the projection skips positions that are not targets.
     """
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     selected = target_mask[:, 1:].bool()
-    lp = chunked_logprobs(
-        hidden[:, :-1][selected], input_ids[:, 1:][selected], model.get_output_embeddings(), chunk_size
-    )
+    hidden = hidden[:, :-1][selected]
+    if temperature != 1.0:  # logits / T == (hidden / T) @ W.T for a linear lm_head
+        hidden = hidden / temperature
+    lp = chunked_logprobs(hidden, input_ids[:, 1:][selected], model.get_output_embeddings(), chunk_size)
     rows, cols = selected.nonzero(as_tuple=True)
     out = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)
     return out.index_put((rows, cols + 1), lp)
+
+
+@torch.no_grad()
+def batched_logprobs(
+    model: torch.nn.Module,
+    batch: Any,
+    target_mask: str,
+    *,
+    batch_size: int,
+    chunk_size: int,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """[B, T] log-probabilities (CPU, fp32) of the tokens where `batch.<target_mask>` is set."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    for start in range(0, len(batch), batch_size):
+        micro = batch.select(start, min(start + batch_size, len(batch)))
+        lp = token_logprobs(
+            model,
+            micro.input_ids.to(device),
+            micro.attention_mask.to(device),
+            getattr(micro, target_mask).to(device),
+            chunk_size=chunk_size,
+            temperature=temperature,
+        )
+        out[start : start + len(micro), : lp.shape[1]] = lp.float().cpu()
+    model.train(was_training)
+    return out

@@ -27,8 +27,19 @@ def lr_multiplier(step: int, *, name: str, warmup_steps: int, total_steps: int, 
 def build_optimizer(
     params: list[torch.nn.Parameter], cfg: OptimizerConfig, sched: SchedulerConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    # One fused kernel per parameter: no temporaries the size of the model (foreach makes several).
+    # Plain tensors on CPU or CUDA only; sharded (DTensor) parameters keep the foreach kernels.
+    fused = bool(params) and all(
+        type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params
+    )
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=True
+        params,
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        fused=fused or None,
+        foreach=None if fused else True,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,

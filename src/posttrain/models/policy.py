@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
-from posttrain.models.logprobs import token_logprobs
+from posttrain.models.logprobs import batched_logprobs, token_logprobs
 from posttrain.models.optim import build_optimizer
 
 LossFn = Callable[[torch.Tensor, TokenBatch, float], tuple[torch.Tensor, dict[str, float]]]
@@ -60,6 +60,23 @@ def load_causal_lm(path: str, dtype: torch.dtype) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
 
+def compile_decoder_layers(model: torch.nn.Module) -> None:
+    """torch.compile every decoder layer in place (parameter names unchanged).
+
+    The layers share one code object, so they share one compiled graph: compilation costs about
+    what one layer costs, not the model. The embedding, the final norm and the lm_head/log-softmax
+    (`LinearLogprobs`, already lean) stay eager.
+    """
+    layers = getattr(model.base_model, "layers", None)
+    if layers is None:
+        raise RuntimeError(
+            f"policy.compile=true: cannot find decoder layers (base_model.layers) on {type(model).__name__}; "
+            "set policy.compile=false"
+        )
+    for layer in layers:
+        layer.compile()
+
+
 class Policy:
     """One rank of the trained model. Methods are called by `PolicyGroup` on every rank."""
 
@@ -83,6 +100,8 @@ class Policy:
         if cfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.config.use_cache = False
+        if cfg.compile:
+            compile_decoder_layers(self.model)
         self.loss_scale = 1.0  # FSDP averages gradients over ranks; it sets this to world_size
         self.optimizer, self.scheduler = build_optimizer(
             [p for p in self.model.parameters() if p.requires_grad], cfg.optimizer, cfg.scheduler, total_steps
@@ -133,6 +152,7 @@ class Policy:
                 micro.attention_mask,
                 micro.loss_mask,
                 chunk_size=self.cfg.logprob_chunk_size,
+                temperature=self.cfg.logprob_temperature,
             )
             loss, micro_metrics = loss_fn(lp, micro, normalizer)
             (loss * self.loss_scale).backward()
@@ -168,19 +188,14 @@ class Policy:
     def logprobs(self, batch: TokenBatch, target_mask: str = "loss_mask") -> torch.Tensor:
         """[B, T] log-probabilities of the tokens where `batch.<target_mask>` is set (0 elsewhere), on CPU."""
         self.model.eval()
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for start in range(0, len(batch), self.cfg.logprob_batch_size):
-            stop = min(start + self.cfg.logprob_batch_size, len(batch))
-            micro = self._to_device(batch.select(start, stop))
-            lp = token_logprobs(
-                self.model,
-                micro.input_ids,
-                micro.attention_mask,
-                getattr(micro, target_mask),
-                chunk_size=self.cfg.logprob_chunk_size,
-            )
-            out[start:stop, : lp.shape[1]] = lp.float().cpu()
-        return out
+        return batched_logprobs(
+            self.model,
+            batch,
+            target_mask,
+            batch_size=self.cfg.logprob_batch_size,
+            chunk_size=self.cfg.logprob_chunk_size,
+            temperature=self.cfg.logprob_temperature,
+        )
 
     # ------------------------------------------------------------------ state
     def parameters_checksum(self) -> float:

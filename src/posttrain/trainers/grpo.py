@@ -122,8 +122,10 @@ class GRPOTrainer:
         self.next_group_id = 0
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
         self.checkpointer.remove_partial()
+        # the policy trains softmax(logits / T), the distribution rollouts are sampled from
+        policy_cfg = cfg.policy.model_copy(update={"logprob_temperature": cfg.generation.temperature or 1.0})
         self.policy = ActorGroup(
-            cfg.policy,
+            policy_cfg,
             cfg.cluster,
             model_path=self.model_path,
             total_steps=cfg.grpo.max_steps * cfg.grpo.updates_per_batch,
@@ -135,7 +137,7 @@ class GRPOTrainer:
         if self.split:
             self.generator = GenerationGroup(
                 cfg.generation,
-                cfg.policy,
+                policy_cfg,
                 cfg.cluster,
                 model_path=self.model_path,
                 tokenizer_path=tokenizer_path,
