@@ -46,7 +46,7 @@ def math_batch(n: int) -> tuple[list, list]:
 
 @pytest.mark.ray
 def test_math_in_two_ray_actors_keeps_order(ray_cluster):
-    envs = EnvironmentGroup("math", {"timeout_s": 10.0}, num_workers=2)
+    envs = EnvironmentGroup("math", {"timeout_s": 10.0, "format_reward": 0.0}, num_workers=2)
     try:
         assert envs.num_workers == 2
         for n in (13, 1):  # uneven split; fewer samples than workers
@@ -67,7 +67,9 @@ def test_math_in_two_ray_actors_keeps_order(ray_cluster):
 
 @pytest.mark.ray
 def test_hanging_verifier_through_ray(ray_cluster):
-    envs = EnvironmentGroup("math", {"timeout_s": 1.0, "verify_fn": hanging_verify}, num_workers=2)
+    envs = EnvironmentGroup(
+        "math", {"timeout_s": 1.0, "format_reward": 0.0, "verify_fn": hanging_verify}, num_workers=2
+    )
     try:
         answers = [str(k) for k in range(8)]
         predictions = list(answers)
@@ -108,7 +110,7 @@ def test_bad_constructor_arguments_fail_at_start(ray_cluster):
 
 
 def test_local_backend():
-    envs = EnvironmentGroup("math", {"timeout_s": 10.0}, backend="local", num_workers=4)
+    envs = EnvironmentGroup("math", {"timeout_s": 10.0, "format_reward": 0.0}, backend="local", num_workers=4)
     try:
         logs, metadata = math_batch(6)
         result = envs.step(logs, metadata)

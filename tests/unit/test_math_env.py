@@ -52,7 +52,7 @@ def logs_for(*completions: str) -> list[list[dict[str, str]]]:
 
 @pytest.fixture
 def math_env():
-    env = MathEnvironment(timeout_s=10.0)
+    env = MathEnvironment(timeout_s=10.0, format_reward=0.0)
     yield env
     env.close()
 
@@ -155,7 +155,7 @@ def test_raising_verifier_scores_zero_and_is_counted():
 
 
 def test_hanging_verifier_times_out_without_blocking_the_batch():
-    env = MathEnvironment(timeout_s=1.0, verify_fn=hanging_verify)
+    env = MathEnvironment(timeout_s=1.0, format_reward=0.0, verify_fn=hanging_verify)
     try:
         env.step(logs_for("\\boxed{0}"), [{"answer": "0"}])  # start the process outside the timing
         completions = [f"\\boxed{{{k}}}" for k in range(16)]

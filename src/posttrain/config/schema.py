@@ -261,8 +261,8 @@ class GenerationConfig(Strict):
 class EnvironmentConfig(Strict):
     name: str = Field("math", description="A registered environment or `package.module:Class`.")
     kwargs: dict = Field(
-        default_factory=lambda: {"format_reward": 0.1},
-        description="Constructor arguments; math: timeout_s, format_reward (for a boxed but wrong answer).",
+        default_factory=dict,
+        description="Constructor arguments; math: timeout_s, format_reward (for a boxed but wrong answer, 0.1).",
     )
     num_workers: int = Field(1, gt=0)
     max_turns: int = Field(1, gt=0)

@@ -104,7 +104,8 @@ class MathEnvironment:
 
     Args:
         timeout_s: limit for verifying one sample; a sample past it scores 0 (`verifier_error="timeout"`).
-        format_reward: reward for a boxed answer that is wrong (0 by default); no box scores 0.
+        format_reward: reward for a boxed answer that is wrong (0.1 by default, which teaches the
+            answer format to a model that rarely uses it); no box, or an empty one, scores 0.
         verify_fn: `verify_fn(prediction, answer) -> bool`; default `math_verify_equal`. It runs in
             a subprocess, so it must be picklable (a module-level function).
         num_procs: verifier processes per environment (each holds sympy, ~100 MB).
@@ -117,7 +118,7 @@ class MathEnvironment:
     def __init__(
         self,
         timeout_s: float = 5.0,
-        format_reward: float = 0.0,
+        format_reward: float = 0.1,
         *,
         verify_fn: Callable[[str, str], bool] | None = None,
         num_procs: int = 1,
