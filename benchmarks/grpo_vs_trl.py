@@ -17,17 +17,18 @@ normalised by the number of completion tokens (TRL `loss_type="dapo"`, posttrain
 through one forward/backward on both sides (TRL `per_device_train_batch_size=16`, posttrain
 `policy.train_micro_batch_size=16`). No validation, checkpoints or logging on either side.
 
-Prompts and reward are the same code on both sides: posttrain's quickstart data (reasoning-gym
-1-digit sums, `posttrain.data.math.build_math_problems`) in the order posttrain's sampler draws
-them (TRL gets them as a conversational dataset, unshuffled, so step k of each side sees the same
-4 prompts), and the reward is `posttrain.environments.math.MathEnvironment` (last \\boxed{}
+Prompts and reward are the same code on both sides: posttrain's default GRPO data (the quickstart's
+reasoning-gym 1-digit sums and system prompt, `posttrain.data.math.build_math_problems`) in the
+order posttrain's sampler draws them (TRL gets the same chat messages as a conversational dataset,
+unshuffled, so step k of each side sees the same 4 prompts), and the reward is the environment of
+posttrain's config (`math`: `MathEnvironment` with its configured kwargs, the last \\boxed{}
 checked by math-verify in a subprocess), wrapped as a TRL reward function.
 
 TRL settings that differ from its defaults, and why: `bf16=False` (fp32, like posttrain),
 `gradient_checkpointing=False` (posttrain does not checkpoint activations; --trl-gradient-checkpointing
 turns TRL's default back on), `lr_scheduler_type="constant"`, `shuffle_dataset=False` (same
 prompts), `logging_strategy/save_strategy="no"`. TRL keeps its default optimizer
-(`adamw_torch_fused`; posttrain uses `torch.optim.AdamW(foreach=True)`).
+(`adamw_torch_fused`); posttrain's (from `posttrain.models.optim`) is printed at the start.
 
 Timing. A step is wall clock over one complete step:
 - posttrain: `collect` -> `make_batch` -> `train_on` (rollout generation, math-verify rewards,
@@ -39,7 +40,14 @@ The first --warmup steps of each side are not timed. With `--order interleaved` 
 sides take turns step by step (TRL step k, then posttrain step k, run from TRL's `on_step_end`),
 so load from other processes hits both alike. The ratio printed is median(TRL) / median(posttrain).
 Both sides run in this one process with torch's thread count (`--threads` to change it); with
-`--backend ray` posttrain's policy and environment are Ray actors (the policy gets all cores).
+`--backend ray` posttrain's policy and environment are Ray actors (the policy gets all cores, or
+`--threads` of them).
+
+On a shared machine: when other jobs hold the cores, torch's OpenMP threads wait for each other
+and a step can take 10x longer than on an idle machine (seen on 2 cores: 8 s -> 85 s), on both
+sides and not evenly, so medians mean little. The load average is printed before, after and at
+every step; compare minima, or run with `--threads 1`, which degrades smoothly under load (there,
+same-run step times varied by a few percent at a load average of 4 on 2 cores).
 """
 
 from __future__ import annotations
@@ -53,7 +61,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,7 +83,7 @@ def cpu_model() -> str:
 
 def loadavg() -> str:
     try:
-        return "%.2f %.2f %.2f" % os.getloadavg()
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
 
@@ -142,6 +149,8 @@ def posttrain_overrides(args: argparse.Namespace, model_path: str, run_dir: str)
         "logging.jsonl": True,
         "cluster.backend": args.backend,
     }
+    if args.threads:  # Ray workers set their own torch threads from cpus_per_worker
+        overrides["cluster.cpus_per_worker"] = args.threads
     return [f"{k}={v}" for k, v in overrides.items()] + list(args.set)
 
 
@@ -168,17 +177,18 @@ class PosttrainSide:
     def run_step(self) -> dict[str, float]:
         t = self.trainer
         t.timer.pop()
-        start = time.perf_counter()
+        cpu_start, start = time.process_time(), time.perf_counter()
         rollouts, _ = t.collect(self.step)
         t_collect = time.perf_counter()
         batch, batch_metrics = t.make_batch(rollouts)
         t_batch = time.perf_counter()
         train_metrics = t.train_on(batch)
-        end = time.perf_counter()
+        end, cpu_end = time.perf_counter(), time.process_time()
         self.step += 1
         phases = t.timer.pop()
         record = {
             "step": end - start,
+            "cpu": cpu_end - cpu_start,
             "collect": t_collect - start,
             "make_batch": t_batch - t_collect,
             "train_on": end - t_batch,
@@ -199,13 +209,14 @@ class PosttrainSide:
 
 # ----------------------------------------------------------------------------- TRL
 class MathReward:
-    """TRL reward function `f(prompts, completions, answer, **kw) -> list[float]` over posttrain's
-    MathEnvironment (the same extraction, math-verify check and subprocess as posttrain's rollouts)."""
+    """TRL reward function `f(prompts, completions, answer, **kw) -> list[float]` over the environment of
+    posttrain's config (`math`: the same extraction, math-verify check, subprocess and format reward as
+    posttrain's rollouts)."""
 
-    def __init__(self) -> None:
-        from posttrain.environments.math import MathEnvironment
+    def __init__(self, name: str, kwargs: dict[str, Any]) -> None:
+        from posttrain.environments.interface import resolve_environment
 
-        self.env = MathEnvironment()
+        self.env = resolve_environment(name)(**kwargs)
         self.__name__ = "math_reward"
         self.calls: list[int] = []  # completions per call
 
@@ -233,8 +244,9 @@ def timed_method(obj: Any, name: str, sink: dict[str, float]) -> None:
 
 
 def build_trl(
-    args: argparse.Namespace, model_path: str, problems: list[Any], out_dir: str
+    args: argparse.Namespace, model_path: str, problems: list[Any], env: Any, out_dir: str
 ) -> tuple[Any, MathReward, dict[str, float]]:
+    """TRL's GRPOTrainer on `problems` (in this order) with the reward of `env` (posttrain's EnvironmentConfig)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -282,10 +294,14 @@ def build_trl(
         )
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    reward = MathReward()
+    reward = MathReward(env.name, env.kwargs)
     trainer = GRPOTrainer(
         model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer
     )
+    from transformers import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)  # the end-of-training metrics dict; we print our own
+    trainer.remove_callback(ProgressCallback)
     phases: dict[str, float] = {}
     for name in ("_generate", "_calculate_rewards", "_generate_and_score_completions"):
         timed_method(trainer, name, phases)
@@ -293,25 +309,35 @@ def build_trl(
 
 
 def make_step_callback(
-    phases: dict[str, float], records: list[dict[str, float]], after_step: Callable[[], None] | None
+    trainer: Any,
+    phases: dict[str, float],
+    records: list[dict[str, float]],
+    after_step: Callable[[], None] | None,
 ) -> Any:
     from transformers import TrainerCallback
+
+    def last(key: str) -> float:
+        values = trainer._metrics["train"].get(key) or [float("nan")]
+        return float(values[-1])
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
             phases.clear()
-            self.start = time.perf_counter()
+            self.cpu_start, self.start = time.process_time(), time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
-            step = time.perf_counter() - self.start
+            step, cpu = time.perf_counter() - self.start, time.process_time() - self.cpu_start
             rollout = phases.get("_generate_and_score_completions", float("nan"))
             records.append(
                 {
                     "step": step,
+                    "cpu": cpu,
                     "generation": phases.get("_generate", float("nan")),
                     "rewards": phases.get("_calculate_rewards", float("nan")),
                     "rollout": rollout,
                     "training": step - rollout,
+                    "response_length": last("completions/mean_length"),
+                    "reward": last("reward"),
                     "load1": os.getloadavg()[0],
                 }
             )
@@ -337,7 +363,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side, before the timed ones")
-    parser.add_argument("--backend", choices=["local", "ray"], default="local", help="posttrain cluster.backend")
+    parser.add_argument(
+        "--backend", choices=["local", "ray"], default="local", help="posttrain cluster.backend"
+    )
     parser.add_argument(
         "--order",
         choices=["interleaved", "trl-first", "posttrain-first"],
@@ -385,6 +413,23 @@ def main() -> int:
     pt = PosttrainSide(args, model_path, str(Path(tmp.name) / "posttrain"))
     problems = pt.upcoming_problems(total)
     print(f"posttrain: trainer built in {pt.init_s:.1f} s", flush=True)
+    if args.backend == "local":
+        optimizer = pt.trainer.policy.workers.instances[0].optimizer
+        kind = (
+            "fused"
+            if optimizer.defaults.get("fused")
+            else "foreach"
+            if optimizer.defaults.get("foreach")
+            else "for-loop"
+        )
+        print(f"posttrain optimizer: {type(optimizer).__name__} ({kind})")
+    system = pt.cfg.data.system_prompt
+    print(
+        f"prompts (both sides): {len(pt.trainer.train_problems)} problems, system prompt {system!r}, e.g. "
+        f"{problems[0].messages[-1]['content']!r}; reward (both sides): {pt.cfg.environment.name} "
+        f"environment {pt.cfg.environment.kwargs}",
+        flush=True,
+    )
 
     trl_records: list[dict[str, float]] = []
 
@@ -405,14 +450,17 @@ def main() -> int:
         tag = "warmup" if k <= args.warmup else "timed"
         print(
             f"  TRL       step {k} ({tag}): {r['step']:6.2f} s  (generation {r['generation']:.2f}, "
-            f"rewards {r['rewards']:.2f}, training {r['training']:.2f}; load {r['load1']:.2f})",
+            f"rewards {r['rewards']:.2f}, training {r['training']:.2f}; mean length {r['response_length']:.1f}, "
+            f"reward {r['reward']:.2f}; load {r['load1']:.2f})",
             flush=True,
         )
         if args.order == "interleaved":
             posttrain_step()
 
     start = time.perf_counter()
-    trl_trainer, reward, trl_phases = build_trl(args, model_path, problems, str(Path(tmp.name) / "trl"))
+    trl_trainer, reward, trl_phases = build_trl(
+        args, model_path, problems, pt.cfg.environment, str(Path(tmp.name) / "trl")
+    )
     print(
         f"TRL: trainer built in {time.perf_counter() - start:.1f} s; generation_batch_size "
         f"{trl_trainer.args.generation_batch_size}, steps_per_generation {trl_trainer.args.steps_per_generation}, "
@@ -420,7 +468,12 @@ def main() -> int:
         f"{trl_trainer.args.optim}",
         flush=True,
     )
-    trl_trainer.add_callback(make_step_callback(trl_phases, trl_records, after_trl_step))
+    # start both verifiers (math-verify subprocesses start lazily, at the first boxed answer) before any step
+    boxed = [[{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "\\boxed{2}"}]]
+    pt.trainer.environment.step(boxed, [{"answer": "2"}])
+    reward([boxed[0][:1]], [boxed[0][1:]], ["2"])
+    reward.calls.clear()
+    trl_trainer.add_callback(make_step_callback(trl_trainer, trl_phases, trl_records, after_trl_step))
 
     try:
         if args.order == "posttrain-first":
@@ -437,7 +490,6 @@ def main() -> int:
 
     # -------------------------------------------------------------- checks
     n = args.prompts * args.generations
-    trl_metrics = trl_trainer._metrics["train"]
     problems_found = []
     if trl_trainer.state.global_step != total or len(trl_records) != total:
         problems_found.append(f"TRL ran {trl_trainer.state.global_step} optimizer steps, expected {total}")
@@ -461,10 +513,16 @@ def main() -> int:
         f"  ratio TRL / posttrain: {trl_med / pt_med:.2f}x (medians), "
         f"{min(trl_steps) / min(pt_steps):.2f}x (minima); target >= 2x"
     )
-    lengths = trl_metrics.get("completions/mean_length", [])
+    if args.backend == "local":
+        trl_cpu, pt_cpu = [r["cpu"] for r in trl_timed], [r["cpu"] for r in pt_timed]
+        print(
+            f"  process CPU time per step (all threads): TRL median {median(trl_cpu):.2f} s, posttrain median "
+            f"{median(pt_cpu):.2f} s, ratio {median(trl_cpu) / median(pt_cpu):.2f}x (less sensitive to waiting "
+            "for cores held by other jobs, but OpenMP spinning under contention inflates it too)"
+        )
     print(
         "  mean completion length (tokens, timed steps): TRL "
-        f"{statistics.mean(lengths[args.warmup :]) if len(lengths) > args.warmup else float('nan'):.1f}, "
+        f"{statistics.mean(r['response_length'] for r in trl_timed):.1f}, "
         f"posttrain {statistics.mean(r['response_length'] for r in pt_timed):.1f}"
     )
     print()
@@ -473,10 +531,14 @@ def main() -> int:
         pt_timed,
         ["step", "collect", "generation", "rewards", "make_batch", "train_on", "training"],
     )
-    others = [r["step"] - r.get("generation", 0) - r.get("rewards", 0) - r.get("training", 0) for r in pt_timed]
+    others = [
+        r["step"] - r.get("generation", 0) - r.get("rewards", 0) - r.get("training", 0) for r in pt_timed
+    ]
     print(f"  {'other (step - phases)':<22} {median(others):7.2f} s")
     phase_table("TRL", trl_timed, ["step", "rollout", "generation", "rewards", "training"])
-    print("  (TRL rollout = _generate_and_score_completions: generation, rewards, advantages; training = rest)")
+    print(
+        "  (TRL rollout = _generate_and_score_completions: generation, rewards, advantages; training = rest)"
+    )
     print()
     print(f"load average (1/5/15 min): before {load_before}; after {load_after}")
     load_steps = [r["load1"] for r in trl_timed + pt_timed]
