@@ -63,7 +63,8 @@ class PolicyConfig(Strict):
     compile: bool = Field(
         False,
         description="torch.compile each decoder layer (regional: one compilation shared by all layers). "
-        "Faster steps after a one-off compile of the first steps; see benchmarks/sft_mfu.py.",
+        "On a 2-core CPU, SFT steps get 6-10% faster after 20-70 s of compiling (cold cache): worth it "
+        "for runs of hundreds of steps, not for the 60-step quickstart. See benchmarks/sft_mfu.py.",
     )
     fsdp: bool = Field(False, description="Shard with FSDP2 (fully_shard); CUDA only.")
     optimizer: OptimizerConfig = OptimizerConfig()
