@@ -66,21 +66,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
 
 MODEL_ALIAS = "smollm2-135m-instruct"
 
 
 # ----------------------------------------------------------------------------- machine
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def loadavg() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -52,21 +52,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
 
 DEFAULT_MODEL = Path("~/.cache/posttrain/models/smollm2-135m-instruct").expanduser()
 
 
 # ----------------------------------------------------------------------------- machine
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def matmul_peak(sizes: list[int], repeats: int) -> tuple[float, dict[int, float]]:
     """Best fp32 torch.mm FLOP/s over `sizes` (each the best of `repeats`), and the per-size bests."""
     per_size = {}

@@ -102,7 +102,22 @@ def verifier_error_metrics(results: EnvStepResult) -> dict[str, float]:
     }
 
 
-class RewardFunctionEnvironment:
+class PooledEnvironment:
+    """Holds an optional `TimeoutPool` of verifier processes: closed by `close`, never pickled."""
+
+    _pool: TimeoutPool | None = None
+
+    def close(self) -> None:
+        """Stop the verifier processes (a later `step` starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+
+class RewardFunctionEnvironment(PooledEnvironment):
     """A single-turn environment from a function `reward_fn(completion, metadata) -> float`.
 
     `completion` is the content of the last assistant message; `metadata` is the dataset row's
@@ -153,14 +168,6 @@ class RewardFunctionEnvironment:
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         n = max(len(results), 1)
         return {"env/reward_mean": sum(results.rewards) / n, **verifier_error_metrics(results)}
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None}
 
 
 ENVIRONMENTS: dict[str, type] = {}

@@ -17,6 +17,7 @@ from typing import Any
 from posttrain.environments.interface import (
     EnvStepResult,
     Message,
+    PooledEnvironment,
     last_assistant_content,
     register_environment,
     verifier_error_metrics,
@@ -99,7 +100,7 @@ def math_verify_equal(prediction: str, answer: str) -> bool:
 
 
 @register_environment("math")
-class MathEnvironment:
+class MathEnvironment(PooledEnvironment):
     """Single-turn math: reward 1.0 if the last `\\boxed{}` of the last assistant message is correct.
 
     Args:
@@ -183,12 +184,3 @@ class MathEnvironment:
             "env/reward_mean": sum(results.rewards) / n,
             **verifier_error_metrics(results),
         }
-
-    def close(self) -> None:
-        """Stop the verifier processes (a later `step` starts new ones)."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None}
