@@ -46,7 +46,7 @@ def tokenizer(smollm_dir: Path):
     return load_tokenizer(str(smollm_dir))
 
 
-def make_tiny_model_dir(path: Path, tokenizer, seed: int = 0) -> Path:
+def make_tiny_model_dir(path: Path, tokenizer, seed: int = 0, **overrides) -> Path:
     """A randomly initialised 2-layer Llama with the real tokenizer, saved as an HF folder."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -56,7 +56,7 @@ def make_tiny_model_dir(path: Path, tokenizer, seed: int = 0) -> Path:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **TINY,
+        **{**TINY, **overrides},
     )
     model = LlamaForCausalLM(config)
     model.save_pretrained(path)

@@ -240,6 +240,32 @@ class GRPODataConfig(Strict):
     system_prompt: str | None = "Put the final answer in \\boxed{}."
 
 
+class VLLMConfig(Strict):
+    """Settings of the vLLM backend (generation.backend=vllm)."""
+
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="GPU: share of memory for vLLM.")
+    cpu_kv_cache_gib: int = Field(1, gt=0, description="CPU: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
+    enforce_eager: bool = Field(True, description="No CUDA graphs / compilation (faster start).")
+    prefix_caching: bool = Field(True, description="Prefill a prompt once for its G samples.")
+    max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together.")
+    sleep: bool = Field(False, description="GPU: release vLLM's memory while the policy trains.")
+
+
+class RefitCheckConfig(Strict):
+    """After every weight transfer, check that the generator runs the trained weights; fail if not.
+
+    checksum: compare (Σw, Σw²) of the policy and the engine (cheap; catches a skipped or partial
+    refit). logprobs: sample a small probe batch with the generator and compare its logprobs to
+    the policy's on the same tokens (token_mult_prob_error; catches anything that changes outputs).
+    """
+
+    mode: Literal["off", "checksum", "logprobs"] = "checksum"
+    max_mult_prob_error: float = Field(1.02, ge=1, description="logprobs mode: fail above this.")
+    prompts: int = Field(2, gt=0, description="logprobs mode: probe prompts.")
+    new_tokens: int = Field(8, gt=0, description="logprobs mode: tokens sampled per probe prompt.")
+    relative_tolerance: float = Field(1e-9, gt=0, description="checksum mode.")
+
+
 class GenerationConfig(Strict):
     """How rollouts are sampled. Logprobs are reported at temperature 1 (the model's own distribution)."""
 
@@ -257,6 +283,8 @@ class GenerationConfig(Strict):
     max_new_tokens: int = Field(32, gt=0)
     stop_strings: list[str] = Field(default_factory=list)
     batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    refit_check: RefitCheckConfig = Field(default_factory=RefitCheckConfig)
 
 
 class EnvironmentConfig(Strict):

@@ -10,6 +10,7 @@ from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.distributed.workers import Workers, make_workers
 from posttrain.models.actor import ActorPolicy, GenerationWorker
 from posttrain.models.generation import GenerationOutput, SamplingParams
+from posttrain.models.refit import SharedWeightsHandle
 
 
 def _split(items: list, n: int) -> list[list]:
@@ -52,6 +53,23 @@ class ActorGroup(PolicyGroup):
         [buckets] = self.workers.run(ActorPolicy.packed_weights, [()])
         return buckets
 
+    def shared_weights_handle(self) -> SharedWeightsHandle | None:
+        return self.workers.run(ActorPolicy.shared_weights_handle)[0]
+
+    def unlink_shared_weights(self) -> None:
+        self.workers.run(ActorPolicy.unlink_shared_weights)
+
+    def refit_engine(self) -> int:
+        """Colocated vLLM: every rank copies its trained weights into its own engine."""
+        return self.workers.run(ActorPolicy.refit_engine)[0]
+
+    def generator_checksums(self) -> list[tuple[float, float] | None]:
+        """Checksums of the weights the colocated engines run (None per rank without an engine)."""
+        return self.workers.run(ActorPolicy.engine_checksum)
+
+    def sleep_generator(self) -> None:
+        self.workers.run(ActorPolicy.sleep_engine)
+
 
 class GenerationGroup:
     """Split placement: generation workers on their own resources, refitted from the policy after each update."""
@@ -71,10 +89,12 @@ class GenerationGroup:
                 cfg=policy_cfg,
                 model_path=model_path,
                 tokenizer_path=tokenizer_path,
+                generation=cfg,
                 gpus=gpus,
                 num_threads=cfg.cpus_per_worker,
+                rank=rank,
             )
-            for _ in range(cfg.num_workers)
+            for rank in range(cfg.num_workers)
         ]
         gen_cluster = cluster.model_copy(update={"cpus_per_worker": cfg.cpus_per_worker})
         self.workers = make_workers(GenerationWorker, kwargs, gen_cluster, name="generation")
@@ -85,11 +105,19 @@ class GenerationGroup:
         return generate_on(self.workers, GenerationWorker.generate, prompt_ids, params, batch_size)
 
     def refit(self, policy: ActorGroup) -> int:
-        """Stream the policy's packed weights to every generation worker; returns tensors loaded per worker."""
+        """Give every generation worker the policy's weights; returns tensors loaded per worker.
+
+        On one machine the workers read the policy's shared-memory buffers (one copy); otherwise
+        the policy packs its weights into buckets that travel through the Ray object store."""
+        handle = policy.shared_weights_handle()
+        if handle is not None:
+            count = self.workers.run(GenerationWorker.load_shared, [(handle,)] * len(self.workers))[0]
+            policy.unlink_shared_weights()  # all workers have mapped the buffers
+            return count
         buckets = policy.packed_weights()
         return self.workers.run(GenerationWorker.load_weights, [(buckets,)] * len(self.workers))[0]
 
-    def parameters_checksum(self) -> list[float]:
+    def generator_checksums(self) -> list[tuple[float, float]]:
         return self.workers.run(GenerationWorker.parameters_checksum)
 
     def shutdown(self) -> None:

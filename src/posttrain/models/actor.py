@@ -4,16 +4,26 @@ used by split placement."""
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import torch
 
-from posttrain.config.schema import PolicyConfig
+from posttrain.config.schema import GenerationConfig, PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.models.generation import GenerationOutput, SamplingParams, hf_generate
 from posttrain.models.logprobs import batched_logprobs
 from posttrain.models.policy import DTYPES, Policy, load_causal_lm, pick_device
-from posttrain.models.refit import PackedBucket, load_packed, pack_state_dict
+from posttrain.models.refit import (
+    PackedBucket,
+    SharedFlatWeights,
+    SharedWeightsHandle,
+    load_packed,
+    map_shared,
+    pack_state_dict,
+    unpack,
+    weights_checksum,
+)
 from posttrain.models.tokenizer import load_tokenizer
 
 
@@ -27,22 +37,62 @@ def _in_ray_worker() -> bool:
 
 
 class ActorPolicy(Policy):
-    """A `Policy` that can also sample (with its own weights) and score with a frozen reference."""
+    """A `Policy` that can also sample (with its own weights, or with a vLLM engine in the same
+    process that it refits in place) and score with a frozen reference."""
 
     def __init__(
-        self, cfg: PolicyConfig, *, tokenizer_path: str, reference: bool = False, **kwargs: Any
+        self,
+        cfg: PolicyConfig,
+        *,
+        tokenizer_path: str,
+        reference: bool = False,
+        generation: GenerationConfig | None = None,
+        shared_weights: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(cfg, **kwargs)
+        self.shared = SharedFlatWeights(self.model) if shared_weights and self.rank == 0 else None
+        if self.shared is not None:
+            atexit.register(self.shared.close)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.reference = None
         if reference:
             self.reference = load_causal_lm(kwargs["model_path"], DTYPES[cfg.dtype]).to(self.device).eval()
             self.reference.requires_grad_(False)
+        self.engine = None
+        if generation is not None and generation.backend == "vllm":
+            self.engine = build_vllm_engine(
+                generation, cfg, kwargs["model_path"], tokenizer_path, self.device, rank=self.rank
+            )
 
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
     ) -> GenerationOutput:
+        if self.engine is not None:
+            return self.engine.generate(prompt_ids, params)
         return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
+
+    def shared_weights_handle(self) -> SharedWeightsHandle | None:
+        """Split placement on one machine: where generation workers map this rank's weights."""
+        return None if self.shared is None else self.shared.handle
+
+    def unlink_shared_weights(self) -> None:
+        """Once every reader has mapped the buffers, remove their names (the mappings stay valid)."""
+        if self.shared is not None:
+            self.shared.close()
+
+    def refit_engine(self) -> int:
+        """Colocated vLLM: copy the trained weights into the engine (no disk, no other process)."""
+        if self.engine is None:
+            return 0
+        return self.engine.load_weights(self.model.named_parameters())
+
+    def engine_checksum(self) -> tuple[float, float] | None:
+        return None if self.engine is None else self.engine.checksum()
+
+    def sleep_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.sleep()
 
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         if self.reference is None:
@@ -67,7 +117,8 @@ class ActorPolicy(Policy):
 
 
 class GenerationWorker:
-    """Split placement: a separate copy of the model that only samples, refitted after each update."""
+    """Split placement: a separate copy of the model (HF or a vLLM engine) that only samples,
+    refitted from the policy's packed weights after each update."""
 
     def __init__(
         self,
@@ -75,37 +126,77 @@ class GenerationWorker:
         *,
         model_path: str,
         tokenizer_path: str,
+        generation: GenerationConfig | None = None,
         gpus: int = 0,
         num_threads: int | None = None,
+        rank: int = 0,
     ) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
         self.device = pick_device(gpus)
-        self.model = load_causal_lm(model_path, DTYPES[cfg.dtype]).to(self.device).eval()
-        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.engine = None
+        self.shared_views: list[tuple[str, torch.Tensor]] | None = None
+        if generation is not None and generation.backend == "vllm":
+            self.engine = build_vllm_engine(
+                generation, cfg, model_path, tokenizer_path, self.device, rank=rank
+            )
+        else:
+            self.model = load_causal_lm(model_path, DTYPES[cfg.dtype]).to(self.device).eval()
+            self.tokenizer = load_tokenizer(tokenizer_path)
 
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
     ) -> GenerationOutput:
+        if self.engine is not None:
+            return self.engine.generate(prompt_ids, params)
         return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
 
     def load_weights(self, buckets: list) -> int:
-        """Load packed buckets (or Ray refs to them) into this worker's model."""
+        """Load packed buckets (or Ray refs to them) into this worker's model or engine."""
         if buckets and not isinstance(buckets[0], PackedBucket):
             import ray
 
             buckets = ray.get(buckets)
+        if self.engine is not None:
+            return self.engine.load_weights(unpack(buckets))
         return load_packed(self.model, buckets)
 
-    def logprobs(self, batch: TokenBatch, target_mask: str = "loss_mask") -> torch.Tensor:
-        return batched_logprobs(
-            self.model,
-            batch,
-            target_mask,
-            batch_size=self.cfg.logprob_batch_size,
-            chunk_size=self.cfg.logprob_chunk_size,
-        )
+    def load_shared(self, handle: SharedWeightsHandle) -> int:
+        """Load the policy's current weights from its shared-memory buffers (mapped on first use)."""
+        if self.shared_views is None:
+            self.shared_views = map_shared(handle)
+        if self.engine is not None:
+            return self.engine.load_weights(self.shared_views)
+        own = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in self.shared_views:
+                own[name].copy_(tensor)
+        return len(self.shared_views)
 
-    def parameters_checksum(self) -> float:
-        return float(sum(p.detach().double().sum().item() for p in self.model.parameters()))
+    def parameters_checksum(self) -> tuple[float, float]:
+        if self.engine is not None:
+            return self.engine.checksum()
+        return weights_checksum(self.model.parameters())
+
+
+def build_vllm_engine(
+    generation: GenerationConfig,
+    policy: PolicyConfig,
+    model_path: str,
+    tokenizer_path: str,
+    device: torch.device,
+    *,
+    rank: int,
+):
+    from posttrain.models.vllm_engine import VLLMGenerator
+
+    return VLLMGenerator(
+        generation.vllm,
+        model_path=model_path,
+        tokenizer_path=tokenizer_path,
+        dtype=policy.dtype,
+        max_model_len=policy.max_seq_len,
+        seed=policy.seed + rank,
+        device=device,
+    )

