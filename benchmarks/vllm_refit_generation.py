@@ -44,7 +44,9 @@ def timed(fn, rounds: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
@@ -75,7 +77,9 @@ def main() -> None:
     prompts = [p.prompt_ids for p in problems][: args.batch]
     prompts = (prompts * (args.batch // len(prompts) + 1))[: args.batch]
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
-    print(f"batch {len(prompts)}, {args.new_tokens} new tokens, prompt length {statistics.mean(map(len, prompts)):.0f}")
+    print(
+        f"batch {len(prompts)}, {args.new_tokens} new tokens, prompt length {statistics.mean(map(len, prompts)):.0f}"
+    )
 
     model = load_causal_lm(model_dir, torch.float32).eval()
     pad = tokenizer.pad_token_id
@@ -130,7 +134,9 @@ def main() -> None:
 
     def vllm_arm() -> None:
         engine.llm.reset_prefix_cache()
-        sp = VLLMSamplingParams(temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True, seed=0, logprobs=0)
+        sp = VLLMSamplingParams(
+            temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True, seed=0, logprobs=0
+        )
         outs = engine.llm.generate(vllm_prompts, sp, use_tqdm=False)
         assert sum(len(o.outputs[0].token_ids) for o in outs) == n_tokens
 

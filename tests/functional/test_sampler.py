@@ -24,7 +24,9 @@ def test_greedy_equals_transformers_generate(model, tokenizer):
     prompts = _prompts(tokenizer)
     prompts = [prompts[0], prompts[1], prompts[0], prompts[2]]
     eos = {tokenizer.eos_token_id}
-    tokens, _ = sample(model, prompts, max_new_tokens=12, eos_ids=eos, pad_id=tokenizer.pad_token_id, temperature=0)
+    tokens, _ = sample(
+        model, prompts, max_new_tokens=12, eos_ids=eos, pad_id=tokenizer.pad_token_id, temperature=0
+    )
     for prompt, got in zip(prompts, tokens, strict=True):
         ids = torch.tensor([prompt])
         ref = model.generate(
@@ -43,7 +45,9 @@ def test_rows_that_finish_leave_the_others_unchanged(model, tokenizer):
     """Pretending a frequent token is EOS makes rows finish early and the batch shrink; the rows still
     running must decode exactly as in a batch where nothing finishes."""
     prompts = _prompts(tokenizer) * 2
-    full, _ = sample(model, prompts, max_new_tokens=10, eos_ids={-1}, pad_id=tokenizer.pad_token_id, temperature=0)
+    full, _ = sample(
+        model, prompts, max_new_tokens=10, eos_ids={-1}, pad_id=tokenizer.pad_token_id, temperature=0
+    )
     stop_token = full[1][2]
     cut, _ = sample(
         model, prompts, max_new_tokens=10, eos_ids={stop_token}, pad_id=tokenizer.pad_token_id, temperature=0

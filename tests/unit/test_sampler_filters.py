@@ -50,7 +50,9 @@ def test_sampled_logprob_is_before_truncation_and_at_temperature():
 def test_seeded_sampling_is_reproducible():
     logits = torch.randn(8, 50)
     draws = [
-        choose_tokens(logits, temperature=1.0, top_k=None, top_p=1.0, generator=torch.Generator().manual_seed(7))[0]
+        choose_tokens(
+            logits, temperature=1.0, top_k=None, top_p=1.0, generator=torch.Generator().manual_seed(7)
+        )[0]
         for _ in range(2)
     ]
     assert torch.equal(draws[0], draws[1])

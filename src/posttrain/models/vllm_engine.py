@@ -39,12 +39,29 @@ def cpu_environment(cfg: VLLMConfig, num_threads: int) -> dict[str, str]:
     }
 
 
+def keep_cpu_linear_weights() -> None:
+    """Make vLLM's CPU build compute linear layers (and a tied lm_head) with `F.linear` on its
+    ordinary weight parameters.
+
+    After loading, vLLM on CPU repacks every linear weight into a oneDNN (or AMX) handle and frees
+    the parameter; an in-place reload cannot reach those handles, so a refit would leave the
+    matmuls on the old weights (measured: token_mult_prob_error 1.09 after one step on the tiny
+    model). With plain weights a refit is a copy into the parameters, like on GPU."""
+    import vllm.model_executor.layers.utils as layer_utils
+
+    def plain_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    layer_utils.dispatch_cpu_unquantized_gemm = plain_linear
+
+
 def _model_of(worker: Any) -> torch.nn.Module:
     return worker.model_runner.model
 
 
 def _load_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
-    """Runs inside vLLM's worker: copy (HF name, tensor) pairs into its parameters."""
+    """Runs inside vLLM's worker: copy (HF name, tensor) pairs into its parameters through the
+    model's own loader (which fuses q/k/v and gate/up)."""
     model = _model_of(worker)
     device = next(model.parameters()).device
     model.load_weights(weights=((name, t.to(device, non_blocking=True)) for name, t in weights))
@@ -79,6 +96,8 @@ class VLLMGenerator:
             from vllm import LLM
         except ImportError as e:
             raise ImportError(INSTALL_HINT) from e
+        if device.type == "cpu":
+            keep_cpu_linear_weights()
         kwargs: dict[str, Any] = dict(
             model=model_path,
             tokenizer=tokenizer_path,
