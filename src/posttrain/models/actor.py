@@ -85,7 +85,11 @@ class ActorPolicy(Policy):
         """Colocated vLLM: copy the trained weights into the engine (no disk, no other process)."""
         if self.engine is None:
             return 0
-        return self.engine.load_weights(self.model.named_parameters())
+        return self.engine.load_weights(
+            # FSDP2 shards are DTensors: gather each full tensor (every rank runs this in step)
+            (name, p.full_tensor() if hasattr(p, "full_tensor") else p)
+            for name, p in self.model.named_parameters()
+        )
 
     def engine_checksum(self) -> tuple[float, float] | None:
         return None if self.engine is None else self.engine.checksum()
