@@ -56,3 +56,17 @@ def test_seeded_sampling_is_reproducible():
         for _ in range(2)
     ]
     assert torch.equal(draws[0], draws[1])
+
+
+def test_sampled_frequencies_follow_the_filtered_distribution():
+    # p = [0.5, 0.3, 0.15, 0.05]; top_p = 0.9 keeps the first three (mass before the last is 0.95),
+    # renormalised: [0.5, 0.3, 0.15] / 0.95
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().expand(20000, 4).contiguous()
+    generator = torch.Generator().manual_seed(0)
+    tokens, logprobs = choose_tokens(logits, temperature=1.0, top_k=None, top_p=0.9, generator=generator)
+    counts = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    expected = torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95
+    assert counts[3] == 0
+    assert torch.allclose(counts, expected, atol=0.015)  # 3 sigma of a 20000-sample frequency ~ 0.011
+    # logprobs are of the unfiltered distribution
+    assert torch.allclose(logprobs, torch.tensor([0.5, 0.3, 0.15, 0.05]).log()[tokens], atol=1e-6)

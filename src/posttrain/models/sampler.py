@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 # Drop finished rows from the batch once this fraction of the rows still in it has finished.
 COMPACT_FRACTION = 0.25
@@ -52,15 +53,66 @@ def choose_tokens(
     top_p: float,
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(next tokens [B], their logprobs [B] under softmax(logits / T)); greedy when temperature is 0."""
+    """(next tokens [B], their logprobs [B] under softmax(logits / T)); greedy when temperature is 0.
+
+    Sampling inverts the CDF with one uniform number per row (searchsorted over the cumulative
+    probabilities), which costs far less than exponential noise over the whole vocabulary."""
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(-1)
         return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits / temperature
+    scaled = logits / temperature if temperature != 1.0 else logits
+    logprobs = scaled.log_softmax(-1)
     filtered = filter_top_k_top_p(scaled, top_k, top_p)
-    tokens = torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
-    return tokens, scaled.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    probs = logprobs.exp() if filtered is scaled else filtered.softmax(-1)
+    cdf = probs.cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention KV cache layer that writes each step into a buffer allocated once for the
+    whole generation, where `DynamicLayer` concatenates (copying the whole cache every token)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            batch, heads, _, dim = key_states.shape
+            self.key_buffer = key_states.new_empty(batch, heads, self.capacity, dim)
+            self.value_buffer = value_states.new_empty(batch, heads, self.capacity, value_states.shape[-1])
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.key_buffer = self.key_buffer.index_select(0, indices)
+        self.value_buffer = self.value_buffer.index_select(0, indices)
+        self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+
+def preallocated_cache(config: Any, capacity: int) -> DynamicCache:
+    """A DynamicCache whose full-attention layers are `PreallocatedLayer`s (other layer kinds, such as
+    sliding-window layers, keep transformers' own implementation)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [
+        PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers
+    ]
+    return cache
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +160,7 @@ def sample(
     source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
     ids, mask = left_pad([list(p) for p in distinct], pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    cache = DynamicCache(config=model.config)
+    cache = preallocated_cache(model.config, ids.shape[1] + max_new_tokens)
     out = model(
         input_ids=ids,
         attention_mask=mask,

@@ -88,6 +88,11 @@ class VLLMGenerator:
         seed: int,
         device: torch.device,
     ) -> None:
+        if cfg.sleep and device.type != "cuda":
+            raise ValueError(
+                "generation.vllm.sleep=true needs a GPU: vLLM's sleep mode releases GPU memory "
+                "(on CPU the engine's memory is the KV cache, sized by generation.vllm.cpu_kv_cache_gib)"
+            )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if device.type == "cpu":
             for key, value in cpu_environment(cfg, torch.get_num_threads()).items():
