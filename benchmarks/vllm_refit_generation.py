@@ -15,9 +15,11 @@ Reported: tokens per second of each arm (median over rounds) and the ratio to `h
 
 Refit: the policy's full state (all parameters, fp32) into the engine:
 - colocated: `VLLMGenerator.load_weights(model.named_parameters())` in the same process;
-- split: pack into buckets (`pack_state_dict`), then `load_weights(unpack(buckets))`: the copies a
-  split refit makes on one node (the Ray object store adds none for a same-node reader), run here
-  in one process;
+- split_shm (split placement on one machine, the default there): the policy's parameters live in
+  flat shared-memory buffers (`SharedFlatWeights`) that the generation worker has mapped;
+  a refit is `load_weights` from those views (run here in one process: the copy is the same);
+- split_store (split placement across machines): pack into buckets, `ray.put` each, `ray.get`,
+  `load_weights(unpack(...))`;
 - memcpy: `dst.copy_(src)` of a buffer of the same size, torch's threads (the bandwidth ceiling of
   one copy of the weights).
 Reported: seconds and GB/s (model bytes / seconds), and each as a share of memcpy bandwidth.
@@ -149,21 +151,40 @@ def main() -> None:
         print(f"  {name} / {base}: {value / results[base]:.2f}x")
 
     # ------------------------------------------------------------------ refit
+    import ray
+
+    from posttrain.models.refit import SharedFlatWeights, map_shared
+
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
-    dst = torch.empty_like(src)
+    dst = torch.empty_like(src).fill_(0)
     memcpy = statistics.median(timed(lambda: dst.copy_(src), args.rounds + 2))
+    del src, dst
     colocated = statistics.median(timed(lambda: engine.load_weights(model.named_parameters()), args.rounds))
 
-    def split() -> None:
-        buckets = pack_state_dict({k: v.detach() for k, v in model.named_parameters()})
-        engine.load_weights(unpack(buckets))
+    shared = SharedFlatWeights(model)  # what a split policy worker does at start
+    views = map_shared(shared.handle)  # what a generation worker does at its first refit
+    shared_time = statistics.median(timed(lambda: engine.load_weights(views), args.rounds))
+    shared.close()
 
-    split_time = statistics.median(timed(split, args.rounds))
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+    def object_store() -> None:
+        refs = [ray.put(b) for b in pack_state_dict({k: v.detach() for k, v in model.named_parameters()})]
+        engine.load_weights(unpack(ray.get(refs)))
+
+    store_time = statistics.median(timed(object_store, args.rounds))
+    ray.shutdown()
     gb = nbytes / 1e9
     print(f"\nweights {gb:.3f} GB (fp32 parameters)")
-    for name, t in [("memcpy", memcpy), ("colocated", colocated), ("split", split_time)]:
-        print(f"{name:10s} {t * 1000:8.1f} ms  {gb / t:6.2f} GB/s  {memcpy / t:6.1%} of memcpy")
+    rows = [
+        ("memcpy", memcpy),
+        ("colocated", colocated),
+        ("split_shm", shared_time),
+        ("split_store", store_time),
+    ]
+    for name, t in rows:
+        print(f"{name:12s} {t * 1000:8.1f} ms  {gb / t:6.2f} GB/s  {memcpy / t:6.1%} of memcpy")
 
 
 if __name__ == "__main__":  # vLLM may spawn processes: keep the entry point guarded
