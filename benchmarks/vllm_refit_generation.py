@@ -159,7 +159,7 @@ def main() -> None:
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
     dst = torch.empty_like(src).fill_(0)
     memcpy = statistics.median(timed(lambda: dst.copy_(src), args.rounds + 2))
-    del src, dst
+
     colocated = statistics.median(timed(lambda: engine.load_weights(model.named_parameters()), args.rounds))
 
     shared = SharedFlatWeights(model)  # what a split policy worker does at start
