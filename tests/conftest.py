@@ -121,3 +121,26 @@ def sft_overrides(model_dir: Path, data: Path, run_dir: Path, **extra) -> list[s
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+def grpo_test_config(model_dir: Path, run_dir: Path, **extra):
+    """A 2-step GRPO config on a tiny model (2 prompts x 4 generations, 12 new tokens, local backend)."""
+    from posttrain.config import load_config
+    from posttrain.config.schema import GRPOConfig
+
+    overrides = {
+        "policy.model_name": str(model_dir),
+        "policy.max_seq_len": 96,
+        "data.train.reasoning_gym.size": 32,
+        "data.validation.reasoning_gym.size": 4,
+        "grpo.max_steps": 2,
+        "grpo.prompts_per_step": 2,
+        "grpo.generations_per_prompt": 4,
+        "grpo.val_every": 2,
+        "generation.max_new_tokens": 12,
+        "cluster.backend": "local",
+        "logging.run_dir": str(run_dir),
+        "logging.tensorboard": False,
+        **extra,
+    }
+    return load_config(GRPOConfig, None, [f"{k}={v}" for k, v in overrides.items()])

@@ -5,7 +5,6 @@ import functools
 import pytest
 import torch
 
-from posttrain.config import load_config
 from posttrain.config.schema import GRPOConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
 from posttrain.models.actor import ActorPolicy
 from posttrain.models.generation import SamplingParams
@@ -71,22 +70,9 @@ def test_grpo_step_is_split_invariant(tiny_model_dir, tokenizer):
 
 
 def _grpo_cfg(tiny_model_dir, run_dir, **extra) -> GRPOConfig:
-    overrides = {
-        "policy.model_name": str(tiny_model_dir),
-        "policy.max_seq_len": 96,
-        "data.train.reasoning_gym.size": 32,
-        "data.validation.reasoning_gym.size": 4,
-        "grpo.max_steps": 2,
-        "grpo.prompts_per_step": 2,
-        "grpo.generations_per_prompt": 4,
-        "grpo.val_every": 2,
-        "generation.max_new_tokens": 12,
-        "cluster.backend": "local",
-        "logging.run_dir": str(run_dir),
-        "logging.tensorboard": False,
-        **extra,
-    }
-    return load_config(GRPOConfig, None, [f"{k}={v}" for k, v in overrides.items()])
+    from conftest import grpo_test_config
+
+    return grpo_test_config(tiny_model_dir, run_dir, **extra)
 
 
 def _check_run(result, steps=2):

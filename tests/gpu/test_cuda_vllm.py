@@ -4,7 +4,13 @@ Skipped without CUDA or without vLLM."""
 import pytest
 import torch
 
-from posttrain.config.schema import GenerationConfig, OptimizerConfig, PolicyConfig, SchedulerConfig, VLLMConfig
+from posttrain.config.schema import (
+    GenerationConfig,
+    OptimizerConfig,
+    PolicyConfig,
+    SchedulerConfig,
+    VLLMConfig,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
@@ -33,7 +39,12 @@ def test_colocated_refit_and_sleep_on_cuda(tmp_path_factory, tokenizer):
     )
     generation = GenerationConfig(backend="vllm", vllm=VLLMConfig(sleep=True, gpu_memory_utilization=0.2))
     actor = ActorPolicy(
-        cfg, model_path=str(model_dir), total_steps=2, tokenizer_path=str(model_dir), gpus=1, generation=generation
+        cfg,
+        model_path=str(model_dir),
+        total_steps=2,
+        tokenizer_path=str(model_dir),
+        gpus=1,
+        generation=generation,
     )
     prompts = [tokenizer(f"{i} + {i} =")["input_ids"] for i in range(4)]
 

@@ -164,26 +164,10 @@ class _Group:
 
 
 def _grpo_cfg(model_dir, run_dir, **extra):
-    from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from conftest import grpo_test_config
 
-    overrides = {
-        "policy.model_name": str(model_dir),
-        "policy.max_seq_len": 96,
-        "data.train.reasoning_gym.size": 32,
-        "data.validation.reasoning_gym.size": 4,
-        "grpo.max_steps": 2,
-        "grpo.prompts_per_step": 2,
-        "grpo.generations_per_prompt": 4,
-        "grpo.val_every": 2,
-        "generation.max_new_tokens": 12,
-        "generation.backend": "vllm",
-        "policy.optimizer.lr": 1e-3,
-        "logging.run_dir": str(run_dir),
-        "logging.tensorboard": False,
-        **extra,
-    }
-    return load_config(GRPOConfig, None, [f"{k}={v}" for k, v in overrides.items()])
+    extra = {"generation.backend": "vllm", "policy.optimizer.lr": 1e-3, **extra}
+    return grpo_test_config(model_dir, run_dir, **extra)
 
 
 def _check_run(result):

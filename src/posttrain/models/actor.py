@@ -36,7 +36,22 @@ def _in_ray_worker() -> bool:
         return False
 
 
-class ActorPolicy(Policy):
+class Sampling:
+    """`generate` for workers that hold a vLLM engine (`self.engine`) or an HF model (`self.model`)."""
+
+    engine: Any
+    model: torch.nn.Module
+    tokenizer: Any
+
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
+    ) -> GenerationOutput:
+        if self.engine is not None:
+            return self.engine.generate(prompt_ids, params)
+        return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
+
+
+class ActorPolicy(Sampling, Policy):
     """A `Policy` that can also sample (with its own weights, or with a vLLM engine in the same
     process that it refits in place) and score with a frozen reference."""
 
@@ -64,13 +79,6 @@ class ActorPolicy(Policy):
             self.engine = build_vllm_engine(
                 generation, cfg, kwargs["model_path"], tokenizer_path, self.device, rank=self.rank
             )
-
-    def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
-    ) -> GenerationOutput:
-        if self.engine is not None:
-            return self.engine.generate(prompt_ids, params)
-        return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
 
     def shared_weights_handle(self) -> SharedWeightsHandle | None:
         """Split placement on one machine: where generation workers map this rank's weights."""
@@ -120,7 +128,7 @@ class ActorPolicy(Policy):
         return buckets
 
 
-class GenerationWorker:
+class GenerationWorker(Sampling):
     """Split placement: a separate copy of the model (HF or a vLLM engine) that only samples,
     refitted from the policy's packed weights after each update."""
 
@@ -148,13 +156,6 @@ class GenerationWorker:
         else:
             self.model = load_causal_lm(model_path, DTYPES[cfg.dtype]).to(self.device).eval()
             self.tokenizer = load_tokenizer(tokenizer_path)
-
-    def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
-    ) -> GenerationOutput:
-        if self.engine is not None:
-            return self.engine.generate(prompt_ids, params)
-        return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
 
     def load_weights(self, buckets: list) -> int:
         """Load packed buckets (or Ray refs to them) into this worker's model or engine."""
