@@ -77,3 +77,15 @@ def test_quickstart_recipes_spell_out_the_defaults():
         default = model().model_dump()
         recipe["logging"].pop("run_dir"), default["logging"].pop("run_dir")
         assert recipe == default, name
+
+
+def test_vllm_cpu_binding_gives_each_rank_its_own_cores(monkeypatch):
+    from posttrain.config.schema import VLLMConfig
+    from posttrain.models.vllm_engine import cpu_environment
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    cfg = VLLMConfig(cpu_kv_cache_gib=2)
+    assert cpu_environment(cfg, 4, rank=0)["VLLM_CPU_OMP_THREADS_BIND"] == "0-3"
+    assert cpu_environment(cfg, 4, rank=1)["VLLM_CPU_OMP_THREADS_BIND"] == "4-7"
+    assert cpu_environment(cfg, 1, rank=9)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert cpu_environment(cfg, 4, rank=0)["VLLM_CPU_KVCACHE_SPACE"] == "2"

@@ -267,7 +267,8 @@ class RefitCheckConfig(Strict):
 
 
 class GenerationConfig(Strict):
-    """How rollouts are sampled. Logprobs are reported at temperature 1 (the model's own distribution)."""
+    """How rollouts are sampled. Generation logprobs are of softmax(logits / temperature), the
+    distribution the policy trains (temperature 1 when greedy)."""
 
     backend: Literal["hf", "vllm"] = "hf"
     placement: Literal["colocated", "split"] = Field(

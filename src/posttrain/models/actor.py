@@ -204,4 +204,5 @@ def build_vllm_engine(
         max_model_len=policy.max_seq_len,
         seed=policy.seed + rank,
         device=device,
+        rank=rank,
     )

@@ -30,11 +30,17 @@ INSTALL_HINT = (
 )
 
 
-def cpu_environment(cfg: VLLMConfig, num_threads: int) -> dict[str, str]:
-    """Environment variables the CPU build of vLLM reads at engine start (ones already set win)."""
+def cpu_environment(cfg: VLLMConfig, num_threads: int, rank: int = 0) -> dict[str, str]:
+    """Environment variables the CPU build of vLLM reads at engine start (ones already set win).
+
+    Rank r's engine binds its OpenMP threads to cores [r·n, r·n + n) (modulo the machine's cores),
+    so engines of several workers on one machine do not share cores."""
+    cores = os.cpu_count() or 1
+    first = (rank * num_threads) % cores
+    last = min(first + num_threads, cores) - 1
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(cfg.cpu_kv_cache_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{num_threads - 1}" if num_threads > 1 else "0",
+        "VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}" if last > first else str(first),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
     }
 
@@ -87,6 +93,7 @@ class VLLMGenerator:
         max_model_len: int,
         seed: int,
         device: torch.device,
+        rank: int = 0,
     ) -> None:
         if cfg.sleep and device.type != "cuda":
             raise ValueError(
@@ -95,7 +102,7 @@ class VLLMGenerator:
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if device.type == "cpu":
-            for key, value in cpu_environment(cfg, torch.get_num_threads()).items():
+            for key, value in cpu_environment(cfg, torch.get_num_threads(), rank).items():
                 os.environ.setdefault(key, value)
         try:
             from vllm import LLM
