@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -128,6 +129,9 @@ class MlflowSink:
                 "logging.mlflow.enabled=true needs mlflow: pip install 'posttrain[mlflow]'"
             ) from e
         uri = cfg.tracking_uri or (run_dir / "mlruns").resolve().as_uri()
+        if uri.startswith("file:"):
+            # MLflow >= 3.7 refuses the file store unless opted in; a local file store is what was asked for
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(cfg.experiment)
         experiment_id = (
