@@ -74,6 +74,18 @@ def _wandb_records(path):
             yield record
 
 
+def _wait_for_exit_record(path, timeout_s=60.0):
+    """wandb-core writes the offline log asynchronously; run.finish() can return before it is flushed."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = list(_wandb_records(path))
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def test_wandb_offline_run_directory(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -83,7 +95,7 @@ def test_wandb_offline_run_directory(tmp_path, monkeypatch):
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     (log,) = runs[0].glob("run-*.wandb")  # the transaction log that `wandb sync` uploads
-    records = list(_wandb_records(log))
+    records = _wait_for_exit_record(log)
     history = [
         {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
         for r in records

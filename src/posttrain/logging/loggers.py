@@ -97,7 +97,6 @@ class WandbSink:
             dir=str(run_dir),
             mode=cfg.mode,
             tags=cfg.tags or None,
-            reinit="create_new",
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

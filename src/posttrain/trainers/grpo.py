@@ -168,7 +168,9 @@ class GRPOTrainer:
             seed=seed,
         )
 
-    def rollouts(self, problems: list[Problem], generations: int, params: SamplingParams) -> Rollouts:
+    def rollouts(
+        self, problems: list[Problem], generations: int, params: SamplingParams, timer: Timer | None = None
+    ) -> Rollouts:
         out = run_rollouts(
             problems,
             generations_per_prompt=generations,
@@ -180,7 +182,7 @@ class GRPOTrainer:
             max_turns=self.cfg.environment.max_turns,
             max_seq_len=self.cfg.policy.max_seq_len,
             first_group_id=self.next_group_id,
-            timer=self.timer,
+            timer=timer or self.timer,
         )
         self.next_group_id += len(problems)
         return out
@@ -287,16 +289,17 @@ class GRPOTrainer:
         if not self.val_problems:
             return {}
         n = self.cfg.grpo.val_samples_per_prompt
-        with self.timer("validation"):
-            r = self.rollouts(
-                self.val_problems, n, self.sampling_params(validation=True, seed=self.cfg.grpo.seed)
-            )
+        start = time.perf_counter()
+        params = self.sampling_params(validation=True, seed=self.cfg.grpo.seed)
+        # its own timer: validation's generation must not count in the next training step's timings
+        r = self.rollouts(self.val_problems, n, params, timer=Timer())
         correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in r.trajectories]
         per_problem = [sum(correct[i * n : (i + 1) * n]) for i in range(len(self.val_problems))]
         metrics = {
             "val/accuracy": sum(correct) / len(correct),
             "val/reward": float(r.rewards.mean()),
             "val/response_length": float(r.response_lengths.mean()),
+            "timing/validation": time.perf_counter() - start,
         }
         if n > 1:
             metrics[f"val/pass@{n}"] = sum(pass_at_k(n, c, n) for c in per_problem) / len(per_problem)
