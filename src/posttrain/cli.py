@@ -19,7 +19,32 @@ def _trainer(name: str) -> Callable:
         from posttrain.trainers.grpo import run_grpo
 
         return run_grpo
+    if name == "eval":
+        from posttrain.trainers.eval import run_eval
+
+        return _print_eval(run_eval)
     raise KeyError(name)
+
+
+def _print_eval(run_eval: Callable) -> Callable:
+    def run(config: object) -> None:
+        result = run_eval(config)
+        shown = {k: v for k, v in result.summary.items() if k.startswith(("pass@", "cons@", "accuracy"))}
+        print("  ".join(f"{k}={v:.4f}" for k, v in shown.items()))
+        print(f"wrote {result.output_dir / 'summary.json'} and {result.output_dir / 'samples.jsonl'}")
+
+    return run
+
+
+def _export_command(args: argparse.Namespace) -> int:
+    from posttrain.checkpoint.export import export_checkpoint
+
+    result = export_checkpoint(args.checkpoint, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
+    template = "with" if result.has_chat_template else "WITHOUT"
+    print(
+        f"exported {result.checkpoint} (step {result.step}) to {result.path}, tokenizer {template} chat template"
+    )
+    return 0
 
 
 def _train_command(args: argparse.Namespace) -> int:
@@ -44,11 +69,14 @@ def _models_command(args: argparse.Namespace) -> int:
     return 0
 
 
+COMMAND_HELP = {"eval": "evaluate a model or checkpoint on math problems (pass@k, cons@k)"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ALGORITHM_CONFIGS:
-        p = sub.add_parser(name, help=f"train with {name.upper()}")
+        p = sub.add_parser(name, help=COMMAND_HELP.get(name, f"train with {name.upper()}"))
         p.add_argument("--config", help="a YAML recipe (e.g. examples/configs/sft.yaml)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. policy.optimizer.lr=1e-5")
@@ -60,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("names", nargs="+")
     pull.add_argument("--force", action="store_true")
     models.set_defaults(func=_models_command)
+    export = sub.add_parser("export", help="turn a checkpoint into a Hugging Face folder")
+    export.add_argument("checkpoint", help="a step_* checkpoint folder, or a run directory (its latest)")
+    export.add_argument("out_dir")
+    export.add_argument("--dtype", choices=["float32", "bfloat16"], help="cast the weights (default: keep)")
+    export.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
+    export.set_defaults(func=_export_command)
     return parser
 
 

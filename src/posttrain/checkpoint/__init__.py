@@ -1,5 +1,11 @@
-"""Atomic checkpoints in a run directory, retention, and resume."""
+"""Atomic checkpoints in a run directory, retention, resume, and export to a Hugging Face folder."""
 
-from posttrain.checkpoint.checkpointer import Checkpointer, resolve_resume
+from posttrain.checkpoint.checkpointer import (
+    Checkpointer,
+    CheckpointInfo,
+    Deadline,
+    resolve_resume,
+    select_retained,
+)
 
-__all__ = ["Checkpointer", "resolve_resume"]
+__all__ = ["CheckpointInfo", "Checkpointer", "Deadline", "resolve_resume", "select_retained"]

@@ -3,6 +3,12 @@
 A checkpoint is written into a hidden temporary folder, marked complete with a `COMPLETE`
 file, and only then renamed into place, so an interrupted save (Ctrl-C, SIGTERM, a crash)
 never leaves a folder that a resume would pick up. Temporary leftovers are removed at start.
+
+Retention: after each save the last `keep_last` checkpoints survive, plus, with `keep_best` > 0,
+the `keep_best` best by a metric recorded in each checkpoint's `COMPLETE` file (see
+`select_retained`). A checkpoint folder holds `model/` (a Hugging Face folder with the FULL,
+consolidated weights, written by rank 0), optimizer state and RNG states; `posttrain export`
+turns it into a standalone Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -11,18 +17,58 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
 
 
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One complete checkpoint: its step and the ranking metric's value when it was saved (None: unscored)."""
+
+    step: int
+    score: float | None = None
+
+
+def select_retained(
+    checkpoints: Sequence[CheckpointInfo], *, keep_last: int, keep_best: int = 0, mode: str = "max"
+) -> set[int]:
+    """Steps to keep: the `keep_last` latest, united with the `keep_best` best-scored.
+
+    Best means highest score for mode "max", lowest for "min"; unscored checkpoints (no value of
+    the metric yet, or NaN) never count as best. Equal scores: the later step ranks first.
+    """
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    by_step = sorted(checkpoints, key=lambda c: c.step)
+    keep = {c.step for c in by_step[-keep_last:]} if keep_last > 0 else set()
+    scored = [c for c in by_step if c.score is not None and c.score == c.score]
+    sign = 1.0 if mode == "max" else -1.0
+    ranked = sorted(scored, key=lambda c: (sign * c.score, c.step), reverse=True)
+    keep |= {c.step for c in ranked[:keep_best]}
+    return keep
+
+
 class Checkpointer:
-    def __init__(self, root: str | Path, *, keep_last: int = 2) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep_last: int = 2,
+        keep_best: int = 0,
+        metric: str | None = None,
+        mode: Literal["max", "min"] = "max",
+    ) -> None:
+        if keep_best > 0 and not metric:
+            raise ValueError("keep_best > 0 needs the name of the metric that ranks checkpoints")
         self.root = Path(root)
-        self.keep_last = keep_last
+        self.keep_last, self.keep_best, self.metric, self.mode = keep_last, keep_best, metric, mode
 
     def complete(self) -> list[Path]:
         """Finished checkpoints, oldest first."""
@@ -49,8 +95,20 @@ class Checkpointer:
             shutil.rmtree(p, ignore_errors=True)
         return partial
 
-    def save(self, step: int, write: Callable[[Path], None], meta: dict | None = None) -> Path:
-        """Call `write(tmp_dir)`, mark it complete, rename it to step_<step>, prune old ones."""
+    def save(
+        self,
+        step: int,
+        write: Callable[[Path], None],
+        meta: dict | None = None,
+        *,
+        metrics: dict[str, float] | None = None,
+    ) -> Path:
+        """Call `write(tmp_dir)`, mark it complete, rename it to step_<step>, prune old ones.
+
+        `metrics` (e.g. the latest validation numbers) are stored in COMPLETE and rank checkpoints.
+        """
+        if metrics is not None:
+            meta = {**(meta or {}), "metrics": metrics}
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step:06d}"
         tmp = self.root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
@@ -68,9 +126,55 @@ class Checkpointer:
         self.prune()
         return final
 
-    def prune(self) -> None:
-        for old in self.complete()[: -self.keep_last]:
+    def info(self, path: Path) -> CheckpointInfo:
+        """Step and ranking score read back from a checkpoint's COMPLETE file."""
+        meta = json.loads((path / COMPLETE).read_text() or "{}")
+        value = meta.get("metrics", {}).get(self.metric) if self.metric else None
+        return CheckpointInfo(int(meta.get("step", STEP_DIR.match(path.name).group(1))), value)
+
+    def best(self) -> Path | None:
+        """The best-scored complete checkpoint by `metric` and `mode` (None if none is scored)."""
+        paths = {self.info(p).step: p for p in self.complete()}
+        keep = select_retained(
+            [self.info(p) for p in paths.values()], keep_last=0, keep_best=1, mode=self.mode
+        )
+        return paths[keep.pop()] if keep else None
+
+    def prune(self) -> list[Path]:
+        """Delete complete checkpoints outside the retained set; return what was deleted."""
+        done = self.complete()
+        infos = [self.info(p) for p in done]
+        keep = select_retained(infos, keep_last=self.keep_last, keep_best=self.keep_best, mode=self.mode)
+        removed = [p for p, i in zip(done, infos, strict=True) if i.step not in keep]
+        for old in removed:
             shutil.rmtree(old, ignore_errors=True)
+        return removed
+
+
+class Deadline:
+    """A wall-clock budget for one invocation: stop (after a final save) while there is still time to save.
+
+    `should_stop()` is true when the time used, plus the longest step seen and the longest save
+    seen (the cost of one more step and its final checkpoint), would exceed the budget.
+    """
+
+    def __init__(self, budget_s: float | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget_s, self.clock = budget_s, clock
+        self.start = clock()
+        self.longest_step = 0.0
+        self.longest_save = 0.0
+
+    def record_step(self, seconds: float) -> None:
+        self.longest_step = max(self.longest_step, seconds)
+
+    def record_save(self, seconds: float) -> None:
+        self.longest_save = max(self.longest_save, seconds)
+
+    def should_stop(self) -> bool:
+        if self.budget_s is None:
+            return False
+        used = self.clock() - self.start
+        return used + self.longest_step + self.longest_save > self.budget_s
 
 
 def _fsync_dir(path: Path) -> None:

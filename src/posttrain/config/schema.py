@@ -172,12 +172,53 @@ class ClusterConfig(Strict):
 
 
 class CheckpointConfig(Strict):
+    """When checkpoints are written and which survive: the last `keep_last` plus the best `keep_best`."""
+
     enabled: bool = True
     save_every: int = Field(50, gt=0, description="Save every N steps (and always at the end).")
     keep_last: int = Field(2, gt=0)
     resume: str = Field(
         "auto", description="`auto`: latest in the run directory; `none`: start fresh; or a checkpoint path."
     )
+    keep_best: int = Field(
+        0, ge=0, description="Also keep the K checkpoints with the best `metric` (0: only keep_last)."
+    )
+    metric: str = Field(
+        "val/loss",
+        description="The logged metric that ranks checkpoints for keep_best; a checkpoint is scored by "
+        "its latest value at or before the checkpoint's step.",
+    )
+    mode: Literal["max", "min"] = Field("min", description="Whether a higher or a lower `metric` is better.")
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        description="Wall-clock budget of one invocation in seconds: when the next step and a save would "
+        "not fit inside it, save a checkpoint and stop cleanly (resume with the same command).",
+    )
+
+
+class WandbConfig(Strict):
+    """Weights & Biases (`pip install posttrain[wandb]`); files go under <run_dir>/wandb."""
+
+    enabled: bool = False
+    project: str = "posttrain"
+    entity: str | None = None
+    name: str | None = Field(None, description="Run name; default: the run directory's name.")
+    mode: Literal["online", "offline"] | None = Field(
+        None, description="null: W&B's own choice (the WANDB_MODE variable, else online)."
+    )
+    tags: list[str] = Field(default_factory=list)
+
+
+class MlflowConfig(Strict):
+    """MLflow (`pip install posttrain[mlflow]`)."""
+
+    enabled: bool = False
+    tracking_uri: str | None = Field(
+        None, description="Default: a local file store, file:<run_dir>/mlruns; or an http(s) server."
+    )
+    experiment: str = "posttrain"
+    run_name: str | None = Field(None, description="Default: the run directory's name.")
 
 
 class LoggingConfig(Strict):
@@ -186,6 +227,14 @@ class LoggingConfig(Strict):
     jsonl: bool = True
     tensorboard: bool = True
     progress: bool = True
+    wandb: WandbConfig = WandbConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+    system_metrics: bool = Field(
+        True, description="Sample CPU (and, with CUDA, GPU) memory and utilisation into each step's metrics."
+    )
+    plots: bool = Field(
+        True, description="Write PNG plots of the main curves into <run_dir>/plots at the end."
+    )
 
 
 class SFTTrainerConfig(Strict):
@@ -360,8 +409,72 @@ class GRPOConfig(Strict):
     dapo: DAPOConfig = DAPOConfig()
     grpo: GRPOTrainerConfig = GRPOTrainerConfig()
     cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10)
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
     logging: LoggingConfig = LoggingConfig()
 
 
 ALGORITHM_CONFIGS: dict[str, type[Strict]] = {"sft": SFTConfig, "grpo": GRPOConfig}
+
+
+# --------------------------------------------------------------------------------- eval
+class EvalDataConfig(Strict):
+    dataset: DatasetConfig = Field(
+        default_factory=_default_grpo_validation,
+        description="Default: the GRPO quickstart's held-out problems.",
+    )
+    prompt_template: str = Field(
+        "{problem}", description="Formats the user message; `{problem}` is replaced."
+    )
+    system_prompt: str | None = "Put the final answer in \\boxed{}."
+    max_prompt_len: int = Field(512, gt=0, description="Prompts longer than this (in tokens) are skipped.")
+
+
+class EvalSamplingConfig(Strict):
+    """n samples per prompt and the k of pass@k / cons@k."""
+
+    samples_per_prompt: int = Field(1, gt=0, description="n: completions sampled per problem.")
+    k: list[int] = Field(
+        default_factory=lambda: [1], description="Report pass@k and cons@k for each k (each <= n)."
+    )
+    seed: int = 0
+
+
+class EvalConfig(Strict):
+    """`posttrain eval`: sample answers to math problems and score them (pass@k, cons@k)."""
+
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="A posttrain model alias, a local HF folder, a hub id, or a posttrain checkpoint "
+        "(a step_* folder, or a run directory: its latest checkpoint).",
+    )
+    tokenizer_name: str | None = Field(None, description="Default: the model's (or checkpoint's) tokenizer.")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
+    data: EvalDataConfig = EvalDataConfig()
+    generation: GenerationConfig = Field(
+        default_factory=lambda: GenerationConfig(temperature=0.0),
+        description="backend, temperature (0 = greedy), top_p, top_k, max_new_tokens, stop_strings, "
+        "batch_size; placement and worker counts are for training and ignored here.",
+    )
+    sampling: EvalSamplingConfig = EvalSamplingConfig()
+    environment: EnvironmentConfig = Field(
+        default_factory=EnvironmentConfig,
+        description="Scores completions; needs info['correct'] and info['extracted_answer'] (math does).",
+    )
+    output_dir: str | None = Field(
+        None, description="Default: runs/eval. Gets summary.json and samples.jsonl."
+    )
+
+    @model_validator(mode="after")
+    def _k_within_n(self) -> EvalConfig:
+        n = self.sampling.samples_per_prompt
+        bad = [k for k in self.sampling.k if not 1 <= k <= n]
+        if bad or not self.sampling.k:
+            raise ValueError(
+                f"sampling.k={self.sampling.k}: every k must be between 1 and sampling.samples_per_prompt={n}; "
+                f"raise samples_per_prompt or lower k"
+            )
+        return self
+
+
+ALGORITHM_CONFIGS["eval"] = EvalConfig

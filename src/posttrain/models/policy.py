@@ -7,6 +7,7 @@ gradients of all data-parallel ranks (all-reduce SUM), clips the global norm, an
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -206,11 +207,34 @@ class Policy:
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
+    @property
+    def sharded(self) -> bool:
+        return self.cfg.fsdp and dist.is_initialized()
+
     def save_checkpoint(self, directory: str) -> None:
-        """Rank 0 writes the model (an HF folder), optimizer and scheduler; every rank its RNG state."""
+        """Rank 0 writes the model as an HF folder of FULL weights (format.json says so), the optimizer and
+        scheduler; every rank its RNG state. With FSDP2 every rank joins the gather of the full weights
+        and writes its own optimizer shard (optimizer_rank<r>.pt)."""
         path = Path(directory)
+        full_state = None
+        if self.sharded:
+            from posttrain.models.fsdp import full_model_state
+
+            full_state = full_model_state(self.model)  # a collective: every rank calls it
         if self.rank == 0:
-            self.model.save_pretrained(path / "model", safe_serialization=True)
+            self.model.save_pretrained(path / "model", state_dict=full_state, safe_serialization=True)
+            layout = "per_rank" if self.sharded else "rank0"
+            (path / "format.json").write_text(
+                json.dumps({"model": "hf_full_state", "optimizer": layout, "world_size": self.world_size})
+            )
+        if self.sharded:
+            from posttrain.models.fsdp import optimizer_shard_state
+
+            state = {"optimizer": optimizer_shard_state(self.model, self.optimizer)}
+            torch.save(
+                {**state, "scheduler": self.scheduler.state_dict()}, path / f"optimizer_rank{self.rank}.pt"
+            )
+        elif self.rank == 0:
             torch.save(
                 {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                 path / "optimizer.pt",
@@ -220,8 +244,16 @@ class Policy:
     def load_checkpoint(self, directory: str) -> None:
         path = Path(directory)
         self._load_model_weights(path / "model")
-        state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:
+            from posttrain.models.fsdp import load_optimizer_shard_state
+
+            state = torch.load(
+                path / f"optimizer_rank{self.rank}.pt", map_location=self.device, weights_only=False
+            )
+            load_optimizer_shard_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         rng_file = path / f"rng_rank{self.rank}.pt"
         if rng_file.exists():
@@ -236,6 +268,11 @@ class Policy:
         saved: dict[str, torch.Tensor] = {}
         for f in files:
             saved.update(load_file(f))
+        if self.sharded:
+            from posttrain.models.fsdp import load_full_model_state
+
+            load_full_model_state(self.model, saved)  # scatters the full tensors into the shards
+            return
         check_weights_match(self.model, saved, where=str(model_dir))
         with torch.no_grad():
             own = self.model.state_dict()

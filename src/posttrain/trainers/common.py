@@ -14,7 +14,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
+from posttrain.checkpoint import Checkpointer
 from posttrain.config.loader import to_yaml
+from posttrain.config.schema import CheckpointConfig
 
 
 def prepare_run_dir(run_dir: str | None, algorithm: str, config: BaseModel) -> Path:
@@ -65,3 +67,21 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def make_checkpointer(root: Path, cfg: CheckpointConfig) -> Checkpointer:
+    """The run's checkpointer with its retention policy; leftovers of interrupted saves removed."""
+    checkpointer = Checkpointer(
+        root, keep_last=cfg.keep_last, keep_best=cfg.keep_best, metric=cfg.metric, mode=cfg.mode
+    )
+    checkpointer.remove_partial()
+    return checkpointer
+
+
+def latest_values(history: list[dict[str, float]], step: int) -> dict[str, float]:
+    """Each metric's latest value logged at or before `step` (history rows carry a "step" key)."""
+    values: dict[str, float] = {}
+    for row in history:
+        if row.get("step", 0) <= step:
+            values.update({k: v for k, v in row.items() if k != "step"})
+    return values

@@ -27,7 +27,7 @@ from posttrain.algorithms.advantages import compute_advantages
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
 from posttrain.algorithms.metrics import pass_at_k
 from posttrain.algorithms.policy_loss import clipped_pg_loss
-from posttrain.checkpoint import Checkpointer, resolve_resume
+from posttrain.checkpoint import Deadline, resolve_resume
 from posttrain.config.schema import GRPOConfig
 from posttrain.data.batching import EpochSampler
 from posttrain.data.math import Problem, build_math_problems
@@ -35,12 +35,14 @@ from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import check_refit
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.logging import MetricsLogger, Timer
-from posttrain.logging.plots import plot_curves
+from posttrain.logging.plots import plot_run
 from posttrain.models.generation import SamplingParams
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, run_rollouts
 from posttrain.trainers.common import (
+    latest_values,
     load_controller_state,
+    make_checkpointer,
     prepare_run_dir,
     save_controller_state,
     seed_everything,
@@ -49,10 +51,12 @@ from posttrain.trainers.common import (
 
 PLOTS = [
     "reward/mean",
+    "env/accuracy",
     "val/accuracy",
     "pg_loss",
     "kl",
     "token_mult_prob_error",
+    "gen_kl",
     "response_length",
     "timing/step",
 ]
@@ -89,6 +93,7 @@ class GRPOResult:
     step: int
     history: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
+    stopped_by_deadline: bool = False
 
 
 class GRPOTrainer:
@@ -121,8 +126,7 @@ class GRPOTrainer:
         self.sampler = EpochSampler(len(self.train_problems), cfg.grpo.prompts_per_step, seed=cfg.grpo.seed)
         self.total_steps = cfg.grpo.max_steps
         self.next_group_id = 0
-        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
-        self.checkpointer.remove_partial()
+        self.checkpointer = make_checkpointer(self.run_dir / "checkpoints", cfg.checkpoint)
         # the policy trains softmax(logits / T), the distribution rollouts are sampled from
         policy_cfg = cfg.policy.model_copy(update={"logprob_temperature": cfg.generation.temperature or 1.0})
         self.policy = ActorGroup(
@@ -173,7 +177,9 @@ class GRPOTrainer:
             seed=seed,
         )
 
-    def rollouts(self, problems: list[Problem], generations: int, params: SamplingParams) -> Rollouts:
+    def rollouts(
+        self, problems: list[Problem], generations: int, params: SamplingParams, timer: Timer | None = None
+    ) -> Rollouts:
         out = run_rollouts(
             problems,
             generations_per_prompt=generations,
@@ -185,7 +191,7 @@ class GRPOTrainer:
             max_turns=self.cfg.environment.max_turns,
             max_seq_len=self.cfg.policy.max_seq_len,
             first_group_id=self.next_group_id,
-            timer=self.timer,
+            timer=timer or self.timer,
         )
         self.next_group_id += len(problems)
         if self.cfg.generation.vllm.sleep and not self.split:
@@ -314,16 +320,17 @@ class GRPOTrainer:
         if not self.val_problems:
             return {}
         n = self.cfg.grpo.val_samples_per_prompt
-        with self.timer("validation"):
-            r = self.rollouts(
-                self.val_problems, n, self.sampling_params(validation=True, seed=self.cfg.grpo.seed)
-            )
+        start = time.perf_counter()
+        params = self.sampling_params(validation=True, seed=self.cfg.grpo.seed)
+        # its own timer: validation's generation must not count in the next training step's timings
+        r = self.rollouts(self.val_problems, n, params, timer=Timer())
         correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in r.trajectories]
         per_problem = [sum(correct[i * n : (i + 1) * n]) for i in range(len(self.val_problems))]
         metrics = {
             "val/accuracy": sum(correct) / len(correct),
             "val/reward": float(r.rewards.mean()),
             "val/response_length": float(r.response_lengths.mean()),
+            "timing/validation": time.perf_counter() - start,
         }
         if n > 1:
             metrics[f"val/pass@{n}"] = sum(pass_at_k(n, c, n) for c in per_problem) / len(per_problem)
@@ -344,13 +351,14 @@ class GRPOTrainer:
                 f.write(json.dumps(row) + "\n")
 
     # ---------------------------------------------------------------- state
-    def save(self, step: int) -> Path:
+    def save(self, step: int, history: list[dict[str, float]]) -> Path:
         def write(directory: Path) -> None:
             self.policy.save_checkpoint(directory)
+            self.tokenizer.save_pretrained(directory / "model")  # a self-contained HF folder
             state = {"sampler": self.sampler.state_dict(), "next_group_id": self.next_group_id}
             save_controller_state(directory, step, state, self.cfg)
 
-        return self.checkpointer.save(step, write)
+        return self.checkpointer.save(step, write, metrics=latest_values(history, step))
 
     def restore(self, checkpoint: Path) -> int:
         self.policy.load_checkpoint(checkpoint)
@@ -376,7 +384,9 @@ class GRPOTrainer:
             self.check_generator()  # same weights on both sides yet: proves the check itself holds
             self.timer.pop()
         result = GRPOResult(self.run_dir, step, last_checkpoint=resume_from)
-        logger = MetricsLogger(cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step)
+        logger = MetricsLogger(
+            cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step, config=cfg
+        )
         logger.info(
             f"GRPO: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
             f"{cfg.grpo.prompts_per_step} prompts x {cfg.grpo.generations_per_prompt} generations per step; "
@@ -390,6 +400,7 @@ class GRPOTrainer:
             logger.log(step, metrics)
             result.history.append({"step": step, **metrics})
 
+        deadline = Deadline(cfg.checkpoint.deadline_s)
         try:
             with sigterm_as_interrupt():
                 if step == 0 and cfg.grpo.val_at_start:
@@ -397,6 +408,12 @@ class GRPOTrainer:
                     self.timer.pop()
                 done_here = 0
                 while step < self.total_steps and (stop_after is None or done_here < stop_after):
+                    if deadline.should_stop():
+                        result.stopped_by_deadline = True
+                        logger.info(
+                            f"checkpoint.deadline_s={cfg.checkpoint.deadline_s} reached at step {step}"
+                        )
+                        break
                     start = time.perf_counter()
                     rollouts, collect_stats = self.collect(step)
                     batch, batch_metrics = self.make_batch(rollouts)
@@ -409,13 +426,16 @@ class GRPOTrainer:
                     self.write_samples(step, rollouts)
                     if step % cfg.grpo.val_every == 0 or step == self.total_steps:
                         log(step, self.validate())
+                    deadline.record_step(time.perf_counter() - start)  # with validation, if any
                     if cfg.checkpoint.enabled and step % cfg.checkpoint.save_every == 0:
-                        result.last_checkpoint = self.save(step)
+                        saving = time.perf_counter()
+                        result.last_checkpoint = self.save(step, result.history)
+                        deadline.record_save(time.perf_counter() - saving)
                 result.step = step
                 if cfg.checkpoint.enabled and (
                     result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"
                 ):
-                    result.last_checkpoint = self.save(step)
+                    result.last_checkpoint = self.save(step, result.history)
         except KeyboardInterrupt:
             print(
                 f"\ninterrupted; latest complete checkpoint: {self.checkpointer.latest() or 'none'}. "
@@ -424,7 +444,8 @@ class GRPOTrainer:
             raise
         finally:
             logger.close()
-            plot_curves(self.run_dir, PLOTS)
+            if cfg.logging.plots:
+                plot_run(self.run_dir, PLOTS)
         return result
 
 

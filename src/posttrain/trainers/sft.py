@@ -19,20 +19,25 @@ from typing import Any
 import torch
 
 from posttrain.algorithms.losses import nll_loss
-from posttrain.checkpoint import Checkpointer, resolve_resume
+from posttrain.checkpoint import Checkpointer, Deadline, resolve_resume
 from posttrain.config.schema import SFTConfig
 from posttrain.data.batching import EpochSampler, TokenBatch, collate
 from posttrain.data.sft import SFTDataset, build_sft_dataset
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.logging import MetricsLogger
+from posttrain.logging.plots import plot_run
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.trainers.common import (
+    latest_values,
     load_controller_state,
+    make_checkpointer,
     prepare_run_dir,
     save_controller_state,
     seed_everything,
     sigterm_as_interrupt,
 )
+
+PLOTS = ["loss", "val/loss", "grad_norm", "lr", "tokens_per_s", "timing/step"]
 
 
 def sft_loss(token_logprobs: torch.Tensor, batch: TokenBatch, normalizer: float) -> tuple[torch.Tensor, dict]:
@@ -46,6 +51,7 @@ class SFTResult:
     step: int
     history: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
+    stopped_by_deadline: bool = False
 
 
 def validation_loss(policy: PolicyGroup, data: SFTDataset, batch_size: int, max_batches: int | None) -> float:
@@ -88,8 +94,7 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
             f"sft.global_batch_size={cfg.sft.global_batch_size} must be a multiple of the {workers} policy workers"
         )
 
-    checkpointer = Checkpointer(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
-    checkpointer.remove_partial()
+    checkpointer = make_checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     resume_from = resolve_resume(cfg.checkpoint.resume, checkpointer)
     policy = PolicyGroup(cfg.policy, cfg.cluster, model_path=model_path, total_steps=total_steps)
     logger = None
@@ -100,7 +105,7 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
             state = load_controller_state(resume_from)
             step = state["step"]
             sampler.load_state_dict(state["sampler"])
-        logger = MetricsLogger(cfg.logging, run_dir, total_steps=total_steps, start_step=step)
+        logger = MetricsLogger(cfg.logging, run_dir, total_steps=total_steps, start_step=step, config=cfg)
         logger.info(
             f"SFT: {len(train_data)} train sequences ({train_data.num_truncated} truncated, "
             f"{train_data.num_dropped} dropped at max_seq_len={cfg.policy.max_seq_len}), "
@@ -118,6 +123,7 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
                 checkpointer,
                 logger,
                 result,
+                tokenizer,
                 total_steps,
                 stop_after,
             )
@@ -131,6 +137,8 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
     finally:
         if logger:
             logger.close()
+            if cfg.logging.plots:
+                plot_run(run_dir, PLOTS)
         policy.shutdown()
 
 
@@ -143,6 +151,7 @@ def _train_loop(
     checkpointer: Checkpointer,
     logger: MetricsLogger,
     result: SFTResult,
+    tokenizer: Any,
     total_steps: int,
     stop_after: int | None,
 ) -> None:
@@ -158,15 +167,23 @@ def _train_loop(
 
         def write(directory: Path) -> None:
             policy.save_checkpoint(directory)
+            tokenizer.save_pretrained(directory / "model")  # a self-contained HF folder
             save_controller_state(directory, step, {"sampler": sampler.state_dict()}, cfg)
 
-        result.last_checkpoint = checkpointer.save(step, write)
+        saving = time.perf_counter()
+        result.last_checkpoint = checkpointer.save(step, write, metrics=latest_values(result.history, step))
+        deadline.record_save(time.perf_counter() - saving)
 
+    deadline = Deadline(cfg.checkpoint.deadline_s)
     step = result.step
     if step == 0 and cfg.sft.val_at_start:
         validate(0)
     steps_this_run = 0
     while step < total_steps and (stop_after is None or steps_this_run < stop_after):
+        if deadline.should_stop():
+            result.stopped_by_deadline = True
+            logger.info(f"checkpoint.deadline_s={cfg.checkpoint.deadline_s} reached at step {step}")
+            break
         start = time.perf_counter()
         batch = collate([train_data.examples[i] for i in sampler.next_batch()])
         out = policy.train(batch, sft_loss, normalizer=batch.num_target_tokens)
@@ -187,6 +204,7 @@ def _train_loop(
         result.step = step
         if step % cfg.sft.val_every == 0 or step == total_steps:
             validate(step)
+        deadline.record_step(time.perf_counter() - start)  # with validation, if any
         if step % cfg.checkpoint.save_every == 0:
             save(step)
     if result.last_checkpoint is None or not result.last_checkpoint.name.endswith(f"{step:06d}"):

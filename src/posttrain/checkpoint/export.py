@@ -1,0 +1,166 @@
+"""A posttrain checkpoint becomes a standalone Hugging Face folder: `posttrain export CKPT OUT`.
+
+A checkpoint's `model/` folder already holds the full, consolidated weights (rank 0 writes them;
+with FSDP2 every rank first joins a full-state gather, see `Policy.save_checkpoint`), possibly in
+several `*.safetensors` shards with an index. Export loads them with `from_pretrained`, writes
+safetensors (sharded by transformers' size limit, with an index), the tokenizer with its chat
+template, and a generation config whose EOS ids include the tokenizer's, so that
+`AutoModelForCausalLM.from_pretrained(OUT)` and `vllm serve OUT` work. The folder is written
+beside OUT and renamed into place, so an interrupted export leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from posttrain.checkpoint.checkpointer import COMPLETE, Checkpointer
+
+FORMAT_FILE = "format.json"
+FULL_STATE = "hf_full_state"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What `from_pretrained` needs: the weights folder (or hub id), the tokenizer's, and the checkpoint."""
+
+    model: str
+    tokenizer: str
+    checkpoint: Path | None = None
+
+
+def find_checkpoint(path: str | Path) -> Path | None:
+    """A complete checkpoint folder -> itself; a run directory (or its checkpoints/) -> its latest."""
+    p = Path(path).expanduser()
+    if (p / COMPLETE).is_file() and (p / "model").is_dir():
+        return p
+    for root in (p / "checkpoints", p):
+        if root.is_dir():
+            latest = Checkpointer(root).latest()
+            if latest is not None:
+                return latest
+    return None
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
+
+
+def _tokenizer_from_run_config(checkpoint: Path) -> str:
+    """Checkpoints written before tokenizers were saved with them: the run config names the tokenizer."""
+    from posttrain.models.hub import resolve_model
+
+    config = (
+        yaml.safe_load((checkpoint / "config.yaml").read_text())
+        if (checkpoint / "config.yaml").is_file()
+        else {}
+    )
+    policy = (config or {}).get("policy", {})
+    name = policy.get("tokenizer_name") or policy.get("model_name")
+    if not name:
+        raise FileNotFoundError(
+            f"{checkpoint} holds no tokenizer and no config.yaml naming one; pass a tokenizer explicitly"
+        )
+    return resolve_model(name)
+
+
+def resolve_model_source(name: str, tokenizer_name: str | None = None) -> ModelSource:
+    """An alias, HF folder, hub id, or posttrain checkpoint / run directory -> a `ModelSource`."""
+    from posttrain.models.hub import resolve_model
+
+    checkpoint = find_checkpoint(name) if Path(name).expanduser().is_dir() else None
+    tokenizer = resolve_model(tokenizer_name) if tokenizer_name else None
+    if checkpoint is None:
+        model = resolve_model(name)
+        return ModelSource(model, tokenizer or model)
+    model_dir = checkpoint / "model"
+    check_full_state(checkpoint)
+    if tokenizer is None:
+        tokenizer = str(model_dir) if _has_tokenizer(model_dir) else _tokenizer_from_run_config(checkpoint)
+    return ModelSource(str(model_dir), tokenizer, checkpoint)
+
+
+def check_full_state(checkpoint: Path) -> None:
+    """Refuse checkpoints whose `model/` is not the full weights (checkpoints without format.json are)."""
+    fmt_file = checkpoint / FORMAT_FILE
+    if fmt_file.is_file():
+        fmt = json.loads(fmt_file.read_text())
+        if fmt.get("model") != FULL_STATE:
+            raise ValueError(f"{checkpoint}: model format {fmt.get('model')!r} is not {FULL_STATE!r}")
+
+
+def _generation_config(model: Any, tokenizer: Any) -> Any:
+    """The model's generation config with the tokenizer's EOS and pad ids added."""
+    gen = model.generation_config
+    eos = gen.eos_token_id if gen.eos_token_id is not None else model.config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(tokenizer.eos_token_id)
+    gen.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else eos_ids
+    if gen.pad_token_id is None:
+        gen.pad_token_id = tokenizer.pad_token_id
+    if gen.bos_token_id is None:
+        gen.bos_token_id = getattr(model.config, "bos_token_id", None)
+    return gen
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    checkpoint: Path
+    step: int | None
+    has_chat_template: bool
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    *,
+    dtype: str | None = None,
+    tokenizer_name: str | None = None,
+    overwrite: bool = False,
+    max_shard_size: str = "5GB",
+) -> ExportResult:
+    """Write `checkpoint` (a step folder or run directory) as a Hugging Face folder at `out_dir`.
+
+    `dtype` ("float32" / "bfloat16") casts the weights; None keeps the checkpoint's dtype.
+    """
+    from posttrain.models.policy import DTYPES, load_causal_lm
+    from posttrain.models.tokenizer import load_tokenizer
+
+    source = resolve_model_source(str(checkpoint), tokenizer_name)
+    if source.checkpoint is None:
+        raise FileNotFoundError(
+            f"{checkpoint} is not a posttrain checkpoint (a step_* folder with {COMPLETE} and model/) "
+            "nor a run directory that holds one"
+        )
+    out = Path(out_dir).expanduser()
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists; choose another folder or pass --overwrite")
+    model = load_causal_lm(source.model, DTYPES[dtype] if dtype else "auto")
+    tokenizer = load_tokenizer(source.tokenizer)
+    model.generation_config = _generation_config(model, tokenizer)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private
+    try:
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        tokenizer.save_pretrained(tmp)
+        step = json.loads((source.checkpoint / COMPLETE).read_text() or "{}").get("step")
+        (tmp / "posttrain_export.json").write_text(
+            json.dumps({"checkpoint": str(source.checkpoint.resolve()), "step": step}, indent=2)
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(out, source.checkpoint, step, bool(getattr(tokenizer, "chat_template", None)))

@@ -1,0 +1,124 @@
+"""`posttrain eval` end to end: summary and per-sample files agree, on a checkpoint and on SmolLM2."""
+
+import json
+import math
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.config import load_config
+from posttrain.config.schema import EvalConfig
+from posttrain.trainers.eval import run_eval, vote_key
+
+
+def _problems(path, n=6):
+    with open(path, "w") as f:
+        for a in range(n):
+            f.write(json.dumps({"question": f"What is {a} + {a + 1}?", "answer": str(2 * a + 1)}) + "\n")
+    return path
+
+
+def _overrides(model, data, out, **extra):
+    base = {
+        "model": str(model),
+        "data.dataset.path": str(data),
+        "data.dataset.problem_key": "question",
+        "generation.max_new_tokens": 24,
+        "output_dir": str(out),
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def _check_files_agree(out, n, ks):
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(rows) == summary["num_problems"] * n
+    assert set(rows[0]) >= {"prompt", "completion", "extracted_answer", "correct", "answer"}
+    by_problem = [rows[i * n : (i + 1) * n] for i in range(summary["num_problems"])]
+    for k in ks:  # pass@k recomputed with exact binomials
+        expected = sum(
+            1 - math.comb(n - sum(r["correct"] for r in p), k) / math.comb(n, k) for p in by_problem
+        ) / len(by_problem)
+        assert summary[f"pass@{k}"] == pytest.approx(expected)
+    assert summary["accuracy"] == pytest.approx(sum(r["correct"] for r in rows) / len(rows))
+    return rows, summary
+
+
+def test_eval_a_checkpoint_through_the_cli(tiny_model_dir, tmp_path, capsys):
+    from conftest import sft_overrides, write_sft_jsonl
+
+    from posttrain.config.schema import SFTConfig
+    from posttrain.trainers.sft import run_sft
+
+    sft_data = write_sft_jsonl(tmp_path / "sft.jsonl", n=16)
+    run_sft(
+        load_config(
+            SFTConfig, None, sft_overrides(tiny_model_dir, sft_data, tmp_path / "run", **{"sft.max_steps": 2})
+        )
+    )
+    data = _problems(tmp_path / "problems.jsonl")
+    overrides = _overrides(
+        tmp_path / "run",
+        data,
+        tmp_path / "eval",
+        **{"sampling.samples_per_prompt": 3, "sampling.k": "[1,3]", "generation.temperature": 1.0},
+    )
+    assert main(["eval", *overrides]) == 0
+    assert "pass@1=" in capsys.readouterr().out
+    rows, summary = _check_files_agree(tmp_path / "eval", 3, [1, 3])
+    assert summary["checkpoint"].endswith("step_000002") and summary["num_problems"] == 6
+    assert summary["samples_per_prompt"] == 3 and 0 <= summary["cons@3"] <= 1
+
+
+def test_k_above_n_is_a_config_error(tmp_path):
+    from posttrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="every k must be between 1 and sampling.samples_per_prompt=2"):
+        load_config(EvalConfig, None, ["sampling.samples_per_prompt=2", "sampling.k=[1,4]"])
+
+
+@pytest.mark.slow
+def test_eval_smollm2_scores_real_answers(smollm_dir, tmp_path):
+    """The quickstart's held-out problems (reasoning-gym, the default data), first 8."""
+    overrides = {
+        "model": str(smollm_dir),
+        "data.dataset.max_samples": 8,
+        "sampling.samples_per_prompt": 2,
+        "sampling.k": "[1,2]",
+        "generation.temperature": 0.7,
+        "output_dir": str(tmp_path / "eval"),
+    }
+    result = run_eval(load_config(EvalConfig, None, [f"{k}={v}" for k, v in overrides.items()]))
+    rows, summary = _check_files_agree(tmp_path / "eval", 2, [1, 2])
+    assert summary["num_problems"] == 8
+    assert all(r["completion"].strip() for r in rows) and summary["mean_completion_tokens"] > 2
+    for r in rows:  # math-verify's verdict agrees with a plain integer comparison on these answers
+        assert r["correct"] == (vote_key(r["extracted_answer"]) == r["answer"])
+    assert result.summary == summary
+
+
+def test_score_reads_boxed_answers_with_the_math_environment(tokenizer):
+    """Scoring without a model: completions written by hand, judged by the real math environment."""
+    from posttrain.data.math import Problem
+    from posttrain.models.text_generation import Completion
+    from posttrain.trainers.eval import score, summarize
+
+    problems = [
+        Problem([{"role": "user", "content": "1 + 2?"}], [1], "3"),
+        Problem([{"role": "user", "content": "5 + 5?"}], [1], "10"),
+    ]
+    texts = ["So \\boxed{3}.", "It is 3.", "\\boxed{3.0}", "\\boxed{10}", "\\boxed{1 + 9}", "\\boxed{12}"]
+    completions = [Completion([0] * (i + 1), t, truncated=False) for i, t in enumerate(texts)]
+    records = score(problems, completions, 3, EvalConfig())
+    assert [r.extracted_answer for r in records] == ["3", None, "3.0", "10", "1 + 9", "12"]
+    assert [r.correct for r in records] == [True, False, True, True, False, False]
+    assert [(r.problem_index, r.sample_index) for r in records][:4] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    out = summarize(
+        [[r.correct for r in records[:3]], [r.correct for r in records[3:]]],
+        [[r.extracted_answer for r in records[:3]], [r.extracted_answer for r in records[3:]]],
+        [1, 3],
+    )
+    # problem 0: c=2 of 3; "3" and "3.0" vote together -> right. problem 1: c=1, three-way tie -> "10" (first)
+    assert out["pass@1"] == pytest.approx((2 / 3 + 1 / 3) / 2)
+    assert out["pass@3"] == 1.0 and out["cons@3"] == 1.0
