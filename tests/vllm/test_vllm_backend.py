@@ -200,3 +200,34 @@ def test_grpo_two_steps_split_on_ray(ray_cluster, vllm_tiny_dir, tmp_path):
         },
     )
     _check_run(run_grpo(cfg))
+
+
+def test_eval_with_vllm_matches_hf_greedy(vllm_tiny_dir, tmp_path):
+    """`posttrain eval` with generation.backend=vllm writes the same greedy completions as with hf."""
+    import json
+
+    from posttrain.config import load_config
+    from posttrain.config.schema import EvalConfig
+    from posttrain.trainers.eval import run_eval
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {a} + 2?", "answer": str(a + 2)}) + "\n" for a in range(5))
+    )
+    completions = {}
+    for backend in ("hf", "vllm"):
+        overrides = {
+            "model": str(vllm_tiny_dir),
+            "data.dataset.path": str(data),
+            "data.dataset.problem_key": "question",
+            "generation.backend": backend,
+            "generation.temperature": 0,
+            "generation.max_new_tokens": 12,
+            "sampling.samples_per_prompt": 1,
+            "sampling.k": "[1]",
+            "output_dir": str(tmp_path / backend),
+        }
+        run_eval(load_config(EvalConfig, None, [f"{k}={v}" for k, v in overrides.items()]))
+        rows = [json.loads(line) for line in (tmp_path / backend / "samples.jsonl").read_text().splitlines()]
+        completions[backend] = [r["completion"] for r in rows]
+    assert len(completions["hf"]) == 5 and completions["vllm"] == completions["hf"]

@@ -159,6 +159,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
         batch_size=cfg.generation.batch_size,
         dtype=cfg.dtype,
         device=cfg.device,
+        vllm=cfg.generation.vllm,
     )
     generation_s = time.perf_counter() - start
     records = score(problems, completions, n, cfg)
