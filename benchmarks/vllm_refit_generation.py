@@ -153,7 +153,7 @@ def main() -> None:
     # ------------------------------------------------------------------ refit
     import ray
 
-    from posttrain.models.refit import SharedFlatWeights, map_shared
+    from posttrain.models.refit import NumpyBucket, SharedFlatWeights, map_shared
 
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
@@ -170,8 +170,9 @@ def main() -> None:
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 
     def object_store() -> None:
-        refs = [ray.put(b) for b in pack_state_dict({k: v.detach() for k, v in model.named_parameters()})]
-        engine.load_weights(unpack(ray.get(refs)))
+        buckets = pack_state_dict({k: v.detach() for k, v in model.named_parameters()})
+        refs = [ray.put(NumpyBucket.of(b)) for b in buckets]  # as ActorPolicy.packed_weights
+        engine.load_weights(unpack([b.to_packed() for b in ray.get(refs)]))  # as GenerationWorker
 
     store_time = statistics.median(timed(object_store, args.rounds))
     ray.shutdown()

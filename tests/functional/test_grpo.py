@@ -97,17 +97,24 @@ def test_grpo_two_steps_local_with_kl_and_resume(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("placement", ["colocated", "split"])
+@pytest.mark.parametrize("placement", ["colocated", "split", "split_object_store"])
 def test_grpo_two_steps_on_ray(ray_cluster, tiny_model_dir, tmp_path, placement):
     cfg = _grpo_cfg(
         tiny_model_dir,
         tmp_path / placement,
-        **{"cluster.backend": "ray", "cluster.cpus_per_worker": 1, "generation.placement": placement},
+        **{
+            "cluster.backend": "ray",
+            "cluster.cpus_per_worker": 1,
+            "generation.placement": placement.removesuffix("_object_store"),
+            "generation.shared_memory_refit": placement != "split_object_store",
+            "generation.refit_check.mode": "logprobs",
+        },
     )
     result = run_grpo(cfg)
     _check_run(result)
-    if placement == "split":
-        assert all(h["timing/refit"] > 0 for h in result.history if "reward/mean" in h)
+    if placement != "colocated":
+        train = [h for h in result.history if "reward/mean" in h]
+        assert all(h["timing/refit"] > 0 and h["refit/probe_mult_prob_error"] <= 1.01 for h in train)
 
 
 def test_failing_verifier_does_not_stop_the_run(tiny_model_dir, tmp_path):

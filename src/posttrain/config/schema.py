@@ -335,6 +335,11 @@ class GenerationConfig(Strict):
     batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     refit_check: RefitCheckConfig = Field(default_factory=RefitCheckConfig)
+    shared_memory_refit: bool = Field(
+        True,
+        description="Split placement on one CPU machine: generation workers read the policy's weights "
+        "from shared memory; false: packed buffers through the Ray object store (as across machines).",
+    )
 
 
 class EnvironmentConfig(Strict):

@@ -15,6 +15,7 @@ from posttrain.models.generation import GenerationOutput, SamplingParams, hf_gen
 from posttrain.models.logprobs import batched_logprobs
 from posttrain.models.policy import DTYPES, Policy, load_causal_lm, pick_device
 from posttrain.models.refit import (
+    NumpyBucket,
     PackedBucket,
     SharedFlatWeights,
     SharedWeightsHandle,
@@ -124,7 +125,7 @@ class ActorPolicy(Sampling, Policy):
         if _in_ray_worker():
             import ray
 
-            return [ray.put(bucket) for bucket in buckets]
+            return [ray.put(NumpyBucket.of(bucket)) for bucket in buckets]
         return buckets
 
 
@@ -162,7 +163,7 @@ class GenerationWorker(Sampling):
         if buckets and not isinstance(buckets[0], PackedBucket):
             import ray
 
-            buckets = ray.get(buckets)
+            buckets = [b.to_packed() for b in ray.get(buckets)]
         if self.engine is not None:
             return self.engine.load_weights(unpack(buckets))
         return load_packed(self.model, buckets)

@@ -14,8 +14,10 @@ import contextlib
 import math
 import os
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,6 +26,27 @@ import torch
 class PackedBucket:
     buffer: torch.Tensor  # 1-D, one dtype
     entries: list[tuple[str, tuple[int, ...], int]]  # (name, shape, offset into buffer)
+
+
+@dataclass
+class NumpyBucket:
+    """A PackedBucket as a numpy array, the form the Ray object store stores and returns without
+    copies (measured: 256 MB put 0.1 s / get 0 s, against 0.4 s / 0.35 s as a torch tensor)."""
+
+    array: Any  # numpy.ndarray; bfloat16 travels as int16
+    dtype: torch.dtype
+    entries: list[tuple[str, tuple[int, ...], int]]
+
+    @classmethod
+    def of(cls, bucket: PackedBucket) -> NumpyBucket:
+        raw = bucket.buffer.view(torch.int16) if bucket.buffer.dtype == torch.bfloat16 else bucket.buffer
+        return cls(raw.numpy(), bucket.buffer.dtype, bucket.entries)
+
+    def to_packed(self) -> PackedBucket:
+        with warnings.catch_warnings():  # the object store's arrays are read-only; we only read them
+            warnings.simplefilter("ignore", UserWarning)
+            buffer = torch.from_numpy(self.array)
+        return PackedBucket(buffer.view(self.dtype), self.entries)
 
 
 def pack_state_dict(state: dict[str, torch.Tensor], bucket_bytes: int = 256 << 20) -> list[PackedBucket]:

@@ -139,6 +139,7 @@ class GRPOTrainer:
             generation=None if cfg.generation.placement == "split" else cfg.generation,
             # split on one CPU machine: generation workers read the weights from shared memory
             shared_weights=cfg.generation.placement == "split"
+            and cfg.generation.shared_memory_refit
             and cfg.cluster.num_nodes == 1
             and cfg.cluster.gpus_per_node == 0,
         )
