@@ -19,6 +19,14 @@ def _trainer(name: str) -> Callable:
         from posttrain.trainers.grpo import run_grpo
 
         return run_grpo
+    if name == "dpo":
+        from posttrain.trainers.dpo import run_dpo
+
+        return run_dpo
+    if name == "rm":
+        from posttrain.trainers.rm import run_rm
+
+        return run_rm
     raise KeyError(name)
 
 
@@ -48,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ALGORITHM_CONFIGS:
-        p = sub.add_parser(name, help=f"train with {name.upper()}")
+        p = sub.add_parser(
+            name, help="train a reward model" if name == "rm" else f"train with {name.upper()}"
+        )
         p.add_argument("--config", help="a YAML recipe (e.g. examples/configs/sft.yaml)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. policy.optimizer.lr=1e-5")
