@@ -339,6 +339,14 @@ ALGORITHM_CONFIGS: dict[str, type[Strict]] = {"sft": SFTConfig, "grpo": GRPOConf
 
 
 # --------------------------------------------------------------------------------- preferences (DPO, RM)
+class GeneratedPairsConfig(ReasoningGymConfig):
+    """Preference pairs generated offline from reasoning-gym problems (right vs wrong final answer)."""
+
+    system_prompt: str | None = Field(
+        None, description="A system message for the generated prompts (dropped with this source)."
+    )
+
+
 class PreferenceDatasetConfig(Strict):
     """One split of preference pairs: a local file, a `datasets` name, or pairs generated offline.
 
@@ -357,7 +365,7 @@ class PreferenceDatasetConfig(Strict):
     )
     subset: str | None = None
     split: str = "train"
-    reasoning_gym: ReasoningGymConfig | None = None
+    reasoning_gym: GeneratedPairsConfig | None = None
     format: Literal["auto", "chosen_rejected", "helpsteer3"] = "auto"
     prompt_key: str = "prompt"
     chosen_key: str = "chosen"
@@ -383,16 +391,23 @@ _PREF_ARITH_KWARGS: dict = {
 }
 
 
+_PREF_SYSTEM_PROMPT = (
+    "Put the final answer in \\boxed{}."  # the GRPO quickstart's, so an RM fits its rollouts
+)
+
+
 def _default_pref_train() -> PreferenceDatasetConfig:
-    return PreferenceDatasetConfig(
-        reasoning_gym=ReasoningGymConfig(size=2000, seed=21, kwargs=_PREF_ARITH_KWARGS)
+    gym = GeneratedPairsConfig(
+        size=2000, seed=21, kwargs=_PREF_ARITH_KWARGS, system_prompt=_PREF_SYSTEM_PROMPT
     )
+    return PreferenceDatasetConfig(reasoning_gym=gym)
 
 
 def _default_pref_validation() -> PreferenceDatasetConfig:
-    return PreferenceDatasetConfig(
-        reasoning_gym=ReasoningGymConfig(size=128, seed=2_000_021, kwargs=_PREF_ARITH_KWARGS)
+    gym = GeneratedPairsConfig(
+        size=128, seed=2_000_021, kwargs=_PREF_ARITH_KWARGS, system_prompt=_PREF_SYSTEM_PROMPT
     )
+    return PreferenceDatasetConfig(reasoning_gym=gym)
 
 
 class PreferenceDataConfig(Strict):

@@ -236,6 +236,12 @@ def wrong_answer(answer: str, rng: random.Random, distractors: list[str]) -> str
     return str(value + rng.choice([-5, -4, -3, -2, -1, 1, 2, 3, 4, 5]))
 
 
+def _generated_prompt(question: str, system_prompt: str | None) -> str | list[Message]:
+    if system_prompt is None:
+        return question
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
+
+
 def generated_pairs(cfg: PreferenceDatasetConfig) -> list[Row]:
     """Offline pairs from reasoning-gym: the worked right answer vs the same worked form with a wrong number.
 
@@ -257,7 +263,7 @@ def generated_pairs(cfg: PreferenceDatasetConfig) -> list[Row]:
         meta, answer = item.get("metadata", {}), answers[i]
         wrong = wrong_answer(answer, rng, answers)
         data = {
-            "prompt": f"{item['question']}\n{BOXED_INSTRUCTION}",
+            "prompt": _generated_prompt(f"{item['question']}\n{BOXED_INSTRUCTION}", gym.system_prompt),
             "chosen": worked_answer(meta, answer),
             "rejected": worked_answer(meta, wrong),
             "answer": answer,
