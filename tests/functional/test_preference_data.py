@@ -171,3 +171,13 @@ def test_generated_arithmetic_pairs():
         assert d["chosen"].split(" = ")[0] == d["rejected"].split(" = ")[0]  # same worked expression
     held_out = preference_rows(PreferenceDatasetConfig(reasoning_gym=gym.model_copy(update={"seed": 6})))
     assert {r.data["prompt"] for r in held_out} != {r.data["prompt"] for r in rows}
+
+
+def test_generated_pairs_with_the_grpo_system_prompt(tokenizer):
+    gym = GeneratedPairsConfig(size=4, seed=5, system_prompt="Put the final answer in \\boxed{}.")
+    ds = build_preference_dataset(PreferenceDatasetConfig(reasoning_gym=gym), tokenizer, max_seq_len=256)
+    text = tokenizer.decode(ds.pairs[0].chosen.input_ids)
+    assert text.startswith(
+        "<|im_start|>system\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>user\n"
+    )
+    assert _masked_text(tokenizer, ds.pairs[0].chosen).endswith("}.<|im_end|>\n")
