@@ -132,15 +132,17 @@ def test_malformed_pair_fails_with_its_location(tmp_path, tokenizer, row, messag
 
 
 def test_overlong_pairs_are_truncated_or_dropped(tmp_path, tokenizer):
-    path = write_preference_jsonl(tmp_path / "d.jsonl", n=16)
-    kept = build_preference_dataset(PreferenceDatasetConfig(path=str(path)), tokenizer, max_seq_len=40)
-    assert kept.num_truncated > 0 and all(len(p.chosen) <= 40 for p in kept.pairs)
-    dropped = build_preference_dataset(
-        PreferenceDatasetConfig(path=str(path)), tokenizer, max_seq_len=40, overlong="drop"
-    )
-    assert dropped.num_dropped == kept.num_truncated + kept.num_dropped
+    cfg = PreferenceDatasetConfig(path=str(write_preference_jsonl(tmp_path / "d.jsonl", n=16)))
+    kept = build_preference_dataset(cfg, tokenizer, max_seq_len=70)  # sequences here: 65-78 tokens
+    assert kept.num_truncated > 0 and kept.num_dropped == 0 and len(kept) == 16
+    assert all(max(len(p.chosen), len(p.rejected)) <= 70 for p in kept.pairs)
+    dropped = build_preference_dataset(cfg, tokenizer, max_seq_len=70, overlong="drop")
+    assert len(dropped) == 16 - kept.num_truncated
+    # replies start at tokens 40-52: a cut before the reply leaves nothing to compare, so the pair goes
+    short = build_preference_dataset(cfg, tokenizer, max_seq_len=46)
+    assert 0 < short.num_dropped < 16
     with pytest.raises(DataError, match="every one of the 16 preference rows was dropped"):
-        build_preference_dataset(PreferenceDatasetConfig(path=str(path)), tokenizer, max_seq_len=8)
+        build_preference_dataset(cfg, tokenizer, max_seq_len=30)
 
 
 def test_collate_interleaves_chosen_and_rejected(tmp_path, tokenizer):

@@ -62,11 +62,12 @@ def score_head(model: torch.nn.Module) -> torch.nn.Module:
 def sequence_scores(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
-    """[B] fp32 scores: the head at each right-padded sequence's last real token (only B head rows computed)."""
+    """[B] scores (at least fp32): the head at each right-padded sequence's last real token (only B head rows computed)."""
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     last = attention_mask.sum(dim=1) - 1
     rows = torch.arange(hidden.shape[0], device=hidden.device)
-    return score_head(model)(hidden[rows, last]).squeeze(-1).float()
+    scores = score_head(model)(hidden[rows, last]).squeeze(-1)
+    return scores.to(torch.promote_types(scores.dtype, torch.float32))
 
 
 @torch.no_grad()

@@ -53,7 +53,7 @@ def dpo_loss(
     rejected_reward = beta * (seq[1::2] - ref[1::2]).detach()
     accuracy, margin = preference_accuracy_and_margin(chosen_reward, rejected_reward)
     metrics = {
-        "preference_loss": float(preference_loss),
+        "preference_loss": float(preference_loss.detach()),
         "rewards/chosen": float(chosen_reward.sum() / normalizer),
         "rewards/rejected": float(rejected_reward.sum() / normalizer),
         "rewards/accuracy": float(accuracy.sum() / normalizer),
@@ -64,8 +64,8 @@ def dpo_loss(
     if sft_weight:
         nll = -(token_logprobs[0::2] * batch.loss_mask[0::2].to(token_logprobs.dtype)).sum() / chosen_tokens
         loss = loss + sft_weight * nll
-        metrics["sft_nll"] = float(nll)
-    metrics["loss"] = float(loss)
+        metrics["sft_nll"] = float(nll.detach())
+    metrics["loss"] = float(loss.detach())
     return loss, metrics
 
 

@@ -31,7 +31,7 @@ def rm_loss(
     loss = bradley_terry_loss(chosen, rejected).sum() / normalizer
     accuracy, margin = preference_accuracy_and_margin(chosen.detach(), rejected.detach())
     return loss, {
-        "loss": float(loss),
+        "loss": float(loss.detach()),
         "accuracy": float(accuracy.sum() / normalizer),
         "margin": float(margin.sum() / normalizer),
         "rewards/chosen": float(chosen.detach().sum() / normalizer),
