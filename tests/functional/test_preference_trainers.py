@@ -58,11 +58,11 @@ def test_dpo_learns_the_training_preferences(tiny_model_dir, data, tmp_path):
 def test_rm_learns_and_the_result_loads_with_transformers(tiny_model_dir, data, tmp_path, tokenizer):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    cfg = _cfg("rm", tiny_model_dir, data, tmp_path / "run", **{"rm.max_steps": 12, "rm.val_every": 6})
+    cfg = _cfg("rm", tiny_model_dir, data, tmp_path / "run", **{"rm.max_steps": 32, "rm.val_every": 16})
     result = run_rm(cfg)
     train, val = _train(result.history), [h for h in result.history if "val/loss" in h]
-    assert train[-1]["loss"] < train[0]["loss"]
-    assert [h["step"] for h in val] == [0, 6, 12]
+    assert [h["step"] for h in val] == [0, 16, 32]
+    assert val[-1]["val/loss"] < val[0]["val/loss"]
     assert val[-1]["val/accuracy"] > val[0]["val/accuracy"] and val[-1]["val/accuracy"] >= 0.75
     assert val[-1]["val/margin"] > 0
     folder = result.last_checkpoint / "model"
@@ -112,7 +112,9 @@ def test_on_ray_with_two_workers(algorithm, ray_cluster, tiny_model_dir, data, t
     )
     result = RUNS[algorithm][1](cfg, stop_after=4)
     losses = [h["loss"] for h in _train(result.history)]
-    assert len(losses) == 4 and losses[-1] < losses[0]
+    # two data-parallel workers take the steps one local worker takes (same batches, same losses)
+    local = RUNS[algorithm][1](_cfg(algorithm, tiny_model_dir, data, tmp_path / "local"), stop_after=4)
+    assert losses == pytest.approx([h["loss"] for h in _train(local.history)], rel=1e-4)
     assert (result.last_checkpoint / "rng_rank1.pt").is_file()
     resumed = RUNS[algorithm][1](cfg)
     assert [h["step"] for h in _train(resumed.history)] == [5, 6]
