@@ -474,12 +474,15 @@ class DPOConfig(Strict):
 class RMTrainerConfig(PreferenceTrainerConfig):
     """Reward model: Bradley–Terry loss -log σ(r(chosen) - r(rejected)) on a scalar head."""
 
+    max_steps: int | None = Field(60, gt=0, description="Stop after this many optimizer steps.")
+    val_every: int = Field(30, gt=0)
+
 
 class RMConfig(Strict):
     """`posttrain rm`. `policy.model_name` is the backbone; a scalar head (num_labels=1) is added."""
 
     policy: PolicyConfig = PolicyConfig(
-        optimizer=OptimizerConfig(lr=2e-5),
+        optimizer=OptimizerConfig(lr=5e-5),
         scheduler=SchedulerConfig(name="constant", warmup_steps=0),
         max_seq_len=256,
         train_micro_batch_size=8,
@@ -488,7 +491,7 @@ class RMConfig(Strict):
     data: PreferenceDataConfig = PreferenceDataConfig()
     rm: RMTrainerConfig = RMTrainerConfig()
     cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(save_every=20)
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=30)
     logging: LoggingConfig = LoggingConfig()
 
 

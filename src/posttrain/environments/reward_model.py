@@ -2,7 +2,7 @@
 
     environment:
       name: reward_model
-      kwargs: {model_path: runs/rm/checkpoints/step_000040}   # or its model/ folder, or an HF folder
+      kwargs: {model_path: runs/rm/checkpoints/step_000060}   # or its model/ folder, or an HF folder
 
 Each conversation (system, user and the generated assistant turn) is rendered with the reward
 model's own chat template, exactly as in reward-model training, and the scalar score at its last
