@@ -61,6 +61,7 @@ def test_rm_learns_and_the_result_loads_with_transformers(tiny_model_dir, data, 
     cfg = _cfg("rm", tiny_model_dir, data, tmp_path / "run", **{"rm.max_steps": 32, "rm.val_every": 16})
     result = run_rm(cfg)
     train, val = _train(result.history), [h for h in result.history if "val/loss" in h]
+    assert [h["step"] for h in train] == list(range(1, 33))
     assert [h["step"] for h in val] == [0, 16, 32]
     assert val[-1]["val/loss"] < val[0]["val/loss"]
     assert val[-1]["val/accuracy"] > val[0]["val/accuracy"] and val[-1]["val/accuracy"] >= 0.75
