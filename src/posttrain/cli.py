@@ -23,6 +23,14 @@ def _trainer(name: str) -> Callable:
         from posttrain.trainers.eval import run_eval
 
         return _print_eval(run_eval)
+    if name == "dpo":
+        from posttrain.trainers.dpo import run_dpo
+
+        return run_dpo
+    if name == "rm":
+        from posttrain.trainers.rm import run_rm
+
+        return run_rm
     raise KeyError(name)
 
 
@@ -69,7 +77,10 @@ def _models_command(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND_HELP = {"eval": "evaluate a model or checkpoint on math problems (pass@k, cons@k)"}
+COMMAND_HELP = {
+    "eval": "evaluate a model or checkpoint on math problems (pass@k, cons@k)",
+    "rm": "train a reward model",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

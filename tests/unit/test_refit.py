@@ -45,7 +45,9 @@ def test_load_packed_copies_into_a_model():
     model = torch.nn.Linear(3, 2)
     source = {k: torch.full_like(v, 0.5) for k, v in model.state_dict().items()}
     assert load_packed(model, pack_state_dict(source)) == 2
-    assert torch.equal(model.weight, torch.full((2, 3), 0.5)) and torch.equal(model.bias, torch.full((2,), 0.5))
+    assert torch.equal(model.weight, torch.full((2, 3), 0.5)) and torch.equal(
+        model.bias, torch.full((2,), 0.5)
+    )
 
 
 def test_shared_flat_weights_show_training_updates_to_a_reader(tmp_path):

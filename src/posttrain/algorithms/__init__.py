@@ -29,6 +29,15 @@ from posttrain.algorithms.policy_loss import (
     masked_mean,
     sequence_log_ratio,
 )
+from posttrain.algorithms.preference import (
+    PREFERENCE_LOSSES,
+    bradley_terry_loss,
+    dpo_sigmoid_loss,
+    ipo_loss,
+    preference_accuracy_and_margin,
+    preference_logits,
+    sequence_logprobs,
+)
 
 __all__ = [
     "masked_sum",
@@ -57,4 +66,11 @@ __all__ = [
     "kl_estimate",
     "masked_mean",
     "sequence_log_ratio",
+    "PREFERENCE_LOSSES",
+    "bradley_terry_loss",
+    "dpo_sigmoid_loss",
+    "ipo_loss",
+    "preference_accuracy_and_margin",
+    "preference_logits",
+    "sequence_logprobs",
 ]

@@ -1,4 +1,5 @@
-"""Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter.
+"""Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
+reward model.
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
 See docs/environments.md for writing your own.
@@ -17,6 +18,7 @@ from posttrain.environments.interface import (
     resolve_environment,
 )
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
+from posttrain.environments.reward_model import RewardModelEnvironment
 from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "MathEnvironment",
     "Message",
     "RewardFunctionEnvironment",
+    "RewardModelEnvironment",
     "TimeoutPool",
     "extract_last_boxed",
     "last_assistant_content",

@@ -25,7 +25,8 @@ from posttrain.models.optim import build_optimizer
 from posttrain.models.refit import weights_checksum
 
 LossFn = Callable[[torch.Tensor, TokenBatch, float], tuple[torch.Tensor, dict[str, float]]]
-"""(token_logprobs [B, T], microbatch, global normalizer) -> (loss, metrics summed over microbatches)."""
+"""(token_logprobs [B, T] (`Policy.loss_inputs`; a reward model gives scores [B]), microbatch, global
+normalizer) -> (loss, metrics summed over microbatches)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -98,7 +99,7 @@ class Policy:
         self.cfg, self.rank, self.world_size, self.total_steps = cfg, rank, world_size, total_steps
         self.device = pick_device(gpus)
         torch.manual_seed(cfg.seed)
-        self.model = load_causal_lm(model_path, DTYPES[cfg.dtype]).to(self.device)
+        self.model = self.load_model(model_path).to(self.device)
         if cfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.config.use_cache = False
@@ -107,6 +108,21 @@ class Policy:
         self.loss_scale = 1.0  # FSDP averages gradients over ranks; it sets this to world_size
         self.optimizer, self.scheduler = build_optimizer(
             [p for p in self.model.parameters() if p.requires_grad], cfg.optimizer, cfg.scheduler, total_steps
+        )
+
+    def load_model(self, model_path: str) -> torch.nn.Module:
+        """The trained module; subclasses load other heads (e.g. a reward model)."""
+        return load_causal_lm(model_path, DTYPES[self.cfg.dtype])
+
+    def loss_inputs(self, micro: TokenBatch) -> torch.Tensor:
+        """What `train` hands the loss function: [B, T] token log-probabilities on `loss_mask`."""
+        return token_logprobs(
+            self.model,
+            micro.input_ids,
+            micro.attention_mask,
+            micro.loss_mask,
+            chunk_size=self.cfg.logprob_chunk_size,
+            temperature=self.cfg.logprob_temperature,
         )
 
     # ------------------------------------------------------------------ distributed
@@ -148,15 +164,7 @@ class Policy:
         metrics: dict[str, float] = {}
         for micro in batch.microbatches(self.cfg.train_micro_batch_size):
             micro = self._to_device(micro)
-            lp = token_logprobs(
-                self.model,
-                micro.input_ids,
-                micro.attention_mask,
-                micro.loss_mask,
-                chunk_size=self.cfg.logprob_chunk_size,
-                temperature=self.cfg.logprob_temperature,
-            )
-            loss, micro_metrics = loss_fn(lp, micro, normalizer)
+            loss, micro_metrics = loss_fn(self.loss_inputs(micro), micro, normalizer)
             (loss * self.loss_scale).backward()
             for key, value in micro_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value

@@ -1,0 +1,156 @@
+"""Direct Preference Optimisation (Rafailov et al. 2023), with IPO and conservative DPO as options.
+
+For each step: sample `global_batch_size` pairs (x, y_w, y_l); score both responses once with the
+frozen reference policy π_ref; then take one optimizer step on
+
+    L = (1 / P) Σ_pairs ℓ(h) + λ · NLL(y_w),   h = (log π - log π_ref)(y_w) - (log π - log π_ref)(y_l)
+
+with ℓ(h) = -log σ(β h) (DPO; label-smoothed with ε), or (h - 1/(2β))² (IPO); log π summed (or
+length-averaged) over response tokens. P counts the global batch's pairs and the NLL is per chosen
+token of the global batch, so the step does not depend on microbatching or data parallelism.
+Implicit rewards r = β (log π - log π_ref) give the logged accuracy and margin.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from posttrain.algorithms.preference import (
+    PREFERENCE_LOSSES,
+    preference_accuracy_and_margin,
+    preference_logits,
+    sequence_logprobs,
+)
+from posttrain.config.schema import DPOConfig
+from posttrain.data.preference import PreferenceBatch
+from posttrain.distributed.actor_group import ActorGroup
+from posttrain.trainers.preference import PreferenceResult, PreferenceTrainer, run_trainer
+
+
+def dpo_loss(
+    token_logprobs: torch.Tensor,
+    batch: PreferenceBatch,
+    normalizer: float,
+    *,
+    loss_type: str,
+    beta: float,
+    label_smoothing: float,
+    average_logprobs: bool,
+    sft_weight: float,
+    chosen_tokens: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This microbatch's share of the global DPO loss and metrics (`normalizer` = pairs in the global batch)."""
+    seq = sequence_logprobs(token_logprobs, batch.loss_mask, average=average_logprobs)
+    ref = batch.reference_logps.to(seq.device, seq.dtype)
+    h = preference_logits(seq[0::2], seq[1::2], ref[0::2], ref[1::2])
+    pair_losses = PREFERENCE_LOSSES[loss_type](h, beta=beta, label_smoothing=label_smoothing)
+    preference_loss = pair_losses.sum() / normalizer
+    loss = preference_loss
+    chosen_reward = beta * (seq[0::2] - ref[0::2]).detach()
+    rejected_reward = beta * (seq[1::2] - ref[1::2]).detach()
+    accuracy, margin = preference_accuracy_and_margin(chosen_reward, rejected_reward)
+    metrics = {
+        "preference_loss": float(preference_loss.detach()),
+        "rewards/chosen": float(chosen_reward.sum() / normalizer),
+        "rewards/rejected": float(rejected_reward.sum() / normalizer),
+        "rewards/accuracy": float(accuracy.sum() / normalizer),
+        "rewards/margin": float(margin.sum() / normalizer),
+        "logps/chosen": float(seq[0::2].detach().sum() / normalizer),
+        "logps/rejected": float(seq[1::2].detach().sum() / normalizer),
+    }
+    if sft_weight:
+        nll = -(token_logprobs[0::2] * batch.loss_mask[0::2].to(token_logprobs.dtype)).sum() / chosen_tokens
+        loss = loss + sft_weight * nll
+        metrics["sft_nll"] = float(nll.detach())
+    metrics["loss"] = float(loss.detach())
+    return loss, metrics
+
+
+def preference_scores(
+    policy_seq: torch.Tensor, reference_seq: torch.Tensor, *, beta: float
+) -> dict[str, torch.Tensor]:
+    """Per-pair held-out numbers from [2P] sequence logprobs: implicit-reward and likelihood preferences."""
+    chosen = beta * (policy_seq[0::2] - reference_seq[0::2])
+    rejected = beta * (policy_seq[1::2] - reference_seq[1::2])
+    reward_accuracy, margin = preference_accuracy_and_margin(chosen, rejected)
+    likelihood_accuracy, _ = preference_accuracy_and_margin(policy_seq[0::2], policy_seq[1::2])
+    return {
+        "reward_accuracy": reward_accuracy,
+        "reward_margin": margin,
+        "preference_accuracy": likelihood_accuracy,
+    }
+
+
+class DPOTrainer(PreferenceTrainer):
+    algorithm = "dpo"
+    plots = (
+        "loss",
+        "rewards/accuracy",
+        "rewards/margin",
+        "val/preference_accuracy",
+        "val/reward_accuracy",
+        "val/loss",
+    )
+
+    def __init__(self, cfg: DPOConfig) -> None:
+        super().__init__(cfg, cfg.dpo)
+        self._val_reference: dict[int, torch.Tensor] = {}
+
+    def build_policy(self) -> ActorGroup:
+        return ActorGroup(
+            self.cfg.policy,
+            self.cfg.cluster,
+            model_path=self.model_path,
+            total_steps=self.total_steps,
+            tokenizer_path=self.tokenizer_path,
+            reference=True,
+        )
+
+    def reference_sequence_logprobs(self, batch: PreferenceBatch) -> torch.Tensor:
+        """[2P] sequence log-probabilities of the responses under the frozen reference policy."""
+        token_lp = self.policy.reference_logprobs(batch)
+        return sequence_logprobs(token_lp, batch.loss_mask, average=self.loop.average_logprobs)
+
+    def loss_fn(self, batch: PreferenceBatch) -> Any:
+        knobs = self.loop.model_dump(
+            include={"loss_type", "beta", "label_smoothing", "average_logprobs", "sft_weight"}
+        )
+        chosen_tokens = max(1.0, float(batch.loss_mask[0::2].sum()))
+        return functools.partial(dpo_loss, chosen_tokens=chosen_tokens, **knobs)
+
+    def train_step(self, batch: PreferenceBatch) -> dict[str, float]:
+        batch.reference_logps = self.reference_sequence_logprobs(batch)
+        out = self.policy.train(batch, self.loss_fn(batch), float(batch.num_pairs))
+        return {**out.loss_metrics, "grad_norm": out.grad_norm, "lr": out.lr, "tokens": out.num_tokens}
+
+    def validate(self) -> dict[str, float]:
+        """Held-out loss, implicit-reward accuracy/margin, and the share of pairs where π prefers the chosen."""
+        totals: dict[str, float] = {}
+        pairs = 0
+        for k, batch in self.validation_batches():
+            if k not in self._val_reference:  # the reference is frozen: score the held-out set once
+                self._val_reference[k] = self.reference_sequence_logprobs(batch)
+            batch.reference_logps = self._val_reference[k]
+            seq = sequence_logprobs(
+                self.policy.logprobs(batch), batch.loss_mask, average=self.loop.average_logprobs
+            )
+            h = preference_logits(
+                seq[0::2], seq[1::2], batch.reference_logps[0::2], batch.reference_logps[1::2]
+            )
+            losses = PREFERENCE_LOSSES[self.loop.loss_type](
+                h, beta=self.loop.beta, label_smoothing=self.loop.label_smoothing
+            )
+            scores = preference_scores(seq, batch.reference_logps, beta=self.loop.beta)
+            totals["loss"] = totals.get("loss", 0.0) + float(losses.sum())
+            for name, values in scores.items():
+                totals[name] = totals.get(name, 0.0) + float(values.sum())
+            pairs += batch.num_pairs
+        return {f"val/{name}": value / max(pairs, 1) for name, value in totals.items()}
+
+
+def run_dpo(cfg: DPOConfig, *, stop_after: int | None = None) -> PreferenceResult:
+    """Train; `stop_after` ends this invocation after that many steps (a later call resumes)."""
+    return run_trainer(DPOTrainer(cfg), stop_after)
