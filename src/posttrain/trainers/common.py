@@ -85,3 +85,11 @@ def latest_values(history: list[dict[str, float]], step: int) -> dict[str, float
         if row.get("step", 0) <= step:
             values.update({k: v for k, v in row.items() if k != "step"})
     return values
+
+
+def print_interrupted(latest_checkpoint: Path | None) -> None:
+    """What a user reads after Ctrl-C or SIGTERM: where the run can resume from."""
+    print(
+        f"\ninterrupted; latest complete checkpoint: {latest_checkpoint or 'none'}. "
+        "Run the same command to resume."
+    )

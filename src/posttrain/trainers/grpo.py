@@ -44,6 +44,7 @@ from posttrain.trainers.common import (
     load_controller_state,
     make_checkpointer,
     prepare_run_dir,
+    print_interrupted,
     save_controller_state,
     seed_everything,
     sigterm_as_interrupt,
@@ -438,10 +439,7 @@ class GRPOTrainer:
                 ):
                     result.last_checkpoint = self.save(step, result.history)
         except KeyboardInterrupt:
-            print(
-                f"\ninterrupted; latest complete checkpoint: {self.checkpointer.latest() or 'none'}. "
-                "Run the same command to resume."
-            )
+            print_interrupted(self.checkpointer.latest())
             raise
         finally:
             logger.close()

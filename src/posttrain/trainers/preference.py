@@ -30,6 +30,7 @@ from posttrain.models.tokenizer import load_tokenizer
 from posttrain.trainers.common import (
     load_controller_state,
     prepare_run_dir,
+    print_interrupted,
     save_controller_state,
     seed_everything,
     sigterm_as_interrupt,
@@ -152,10 +153,7 @@ class PreferenceTrainer:
             with sigterm_as_interrupt():
                 self._loop(step, stop_after, result, log)
         except KeyboardInterrupt:
-            print(
-                f"\ninterrupted; latest complete checkpoint: {self.checkpointer.latest() or 'none'}. "
-                "Run the same command to resume."
-            )
+            print_interrupted(self.checkpointer.latest())
             raise
         finally:
             logger.close()

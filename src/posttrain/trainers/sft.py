@@ -32,6 +32,7 @@ from posttrain.trainers.common import (
     load_controller_state,
     make_checkpointer,
     prepare_run_dir,
+    print_interrupted,
     save_controller_state,
     seed_everything,
     sigterm_as_interrupt,
@@ -129,10 +130,7 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
             )
         return result
     except KeyboardInterrupt:
-        latest = checkpointer.latest()
-        print(
-            f"\ninterrupted; latest complete checkpoint: {latest or 'none'}. Run the same command to resume."
-        )
+        print_interrupted(checkpointer.latest())
         raise
     finally:
         if logger:
