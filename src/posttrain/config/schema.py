@@ -625,6 +625,22 @@ class RMTrainerConfig(PreferenceTrainerConfig):
     val_every: int = Field(30, gt=0)
 
 
+def _default_rm_data() -> PreferenceDataConfig:
+    """The GRPO quickstart's task (1-digit sums), so the reward model fits the rollouts it will score.
+
+    On 2-digit sums and differences (the DPO default) 60 steps did not move held-out accuracy
+    (52% -> 48%, measured); on 1-digit sums they do. There are only 100 distinct 1-digit problems,
+    so held-out pairs share problems with training pairs (not their wrong answers).
+    """
+    gym = {"kwargs": _GRPO_ARITH_KWARGS, "system_prompt": _PREF_SYSTEM_PROMPT}
+    return PreferenceDataConfig(
+        train=PreferenceDatasetConfig(reasoning_gym=GeneratedPairsConfig(size=2000, seed=21, **gym)),
+        validation=PreferenceDatasetConfig(
+            reasoning_gym=GeneratedPairsConfig(size=128, seed=2_000_021, **gym)
+        ),
+    )
+
+
 class RMConfig(Strict):
     """`posttrain rm`. `policy.model_name` is the backbone; a scalar head (num_labels=1) is added."""
 
@@ -635,7 +651,7 @@ class RMConfig(Strict):
         train_micro_batch_size=8,
         logprob_batch_size=16,
     )
-    data: PreferenceDataConfig = PreferenceDataConfig()
+    data: PreferenceDataConfig = Field(default_factory=_default_rm_data)
     rm: RMTrainerConfig = RMTrainerConfig()
     cluster: ClusterConfig = ClusterConfig()
     checkpoint: CheckpointConfig = CheckpointConfig(save_every=30)
