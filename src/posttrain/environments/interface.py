@@ -44,6 +44,14 @@ class EnvStepResult:
     metadata: list[dict[str, Any]]
     info: list[dict[str, Any]] = field(default_factory=list)
 
+    @classmethod
+    def final(
+        cls, rewards: list[float], metadata: list[dict[str, Any]], info: list[dict[str, Any]]
+    ) -> EnvStepResult:
+        """A single-turn result: every episode ends with this reward, no next observation."""
+        n = len(rewards)
+        return cls(rewards, [None] * n, [True] * n, [dict(m) for m in metadata], info)
+
     def __post_init__(self) -> None:
         if not self.info:
             self.info = [{} for _ in self.rewards]
@@ -156,14 +164,7 @@ class RewardFunctionEnvironment(PooledEnvironment):
             outcomes = self._pool.map(list(zip(completions, metadata, strict=True)))
             rewards = [float(o.value) if o.ok else 0.0 for o in outcomes]
             errors = [o.error for o in outcomes]
-        n = len(message_logs)
-        return EnvStepResult(
-            rewards=rewards,
-            observations=[None] * n,
-            done=[True] * n,
-            metadata=[dict(m) for m in metadata],
-            info=[{"verifier_error": e} for e in errors],
-        )
+        return EnvStepResult.final(rewards, metadata, [{"verifier_error": e} for e in errors])
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         n = max(len(results), 1)

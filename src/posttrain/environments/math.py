@@ -167,14 +167,7 @@ class MathEnvironment(PooledEnvironment):
                 rewards[k] = 1.0
             else:
                 rewards[k] = self.format_reward
-        n = len(boxed)
-        return EnvStepResult(
-            rewards=rewards,
-            observations=[None] * n,
-            done=[True] * n,
-            metadata=[dict(m) for m in metadata],
-            info=info,
-        )
+        return EnvStepResult.final(rewards, metadata, info)
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         n = max(len(results), 1)

@@ -81,14 +81,7 @@ class RewardModelEnvironment:
                 boxed = extract_last_boxed(last_assistant_content(log))
                 entry["correct"] = boxed is not None and boxed.strip() == str(meta["answer"]).strip()
             info.append(entry)
-        n = len(message_logs)
-        return EnvStepResult(
-            rewards=[self.scale * s + self.shift for s in scores],
-            observations=[None] * n,
-            done=[True] * n,
-            metadata=[dict(m) for m in metadata],
-            info=info,
-        )
+        return EnvStepResult.final([self.scale * s + self.shift for s in scores], metadata, info)
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         n = max(len(results), 1)
