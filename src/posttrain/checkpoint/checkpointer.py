@@ -13,13 +13,14 @@ turns it into a standalone Hugging Face folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -111,18 +112,9 @@ class Checkpointer:
             meta = {**(meta or {}), "metrics": metrics}
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step:06d}"
-        tmp = self.root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
+        with atomic_directory(final) as tmp:
             write(tmp)
             (tmp / COMPLETE).write_text(json.dumps({"step": step, **(meta or {})}))
-            _fsync_dir(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         self.prune()
         return final
 
@@ -175,6 +167,24 @@ class Deadline:
             return False
         used = self.clock() - self.start
         return used + self.longest_step + self.longest_save > self.budget_s
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path) -> Iterator[Path]:
+    """Yield a new hidden sibling folder of `final` (`.tmp-<name>-<random>`) to write into; when the
+    block succeeds, its files are synced and it replaces `final` by a rename, so readers see the old
+    folder or the complete new one, never a mix. On an error the temporary folder is removed."""
+    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _fsync_dir(path: Path) -> None:

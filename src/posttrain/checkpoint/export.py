@@ -12,16 +12,13 @@ beside OUT and renamed into place, so an interrupted export leaves nothing half-
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from posttrain.checkpoint.checkpointer import COMPLETE, Checkpointer
+from posttrain.checkpoint.checkpointer import COMPLETE, Checkpointer, atomic_directory
 
 FORMAT_FILE = "format.json"
 FULL_STATE = "hf_full_state"
@@ -148,19 +145,11 @@ def export_checkpoint(
     tokenizer = load_tokenizer(source.tokenizer)
     model.generation_config = _generation_config(model, tokenizer)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private
-    try:
+    with atomic_directory(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         tokenizer.save_pretrained(tmp)
         step = json.loads((source.checkpoint / COMPLETE).read_text() or "{}").get("step")
         (tmp / "posttrain_export.json").write_text(
             json.dumps({"checkpoint": str(source.checkpoint.resolve()), "step": step}, indent=2)
         )
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ExportResult(out, source.checkpoint, step, bool(getattr(tokenizer, "chat_template", None)))
