@@ -40,10 +40,7 @@ def plot_curves(run_dir: Path, keys: list[str]) -> list[Path]:
         ax.set_title(f"{key} ({run_dir.name})")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        path = run_dir / "plots" / f"{key.replace('/', '_')}.png"
-        path.parent.mkdir(exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        path = _save(plt, fig, run_dir, f"{key.replace('/', '_')}.png")
         written.append(path)
     return written
 
@@ -77,11 +74,7 @@ def plot_timing_breakdown(run_dir: Path) -> Path | None:
     ax.set_title(f"step-time breakdown ({run_dir.name})")
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    path = run_dir / "plots" / "timing_breakdown.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, run_dir, "timing_breakdown.png")
 
 
 def plot_summary(run_dir: Path, keys: list[str]) -> Path | None:
@@ -103,7 +96,12 @@ def plot_summary(run_dir: Path, keys: list[str]) -> Path | None:
         ax.axis("off")
     fig.suptitle(run_dir.name)
     fig.tight_layout()
-    path = run_dir / "plots" / "summary.png"
+    return _save(plt, fig, run_dir, "summary.png")
+
+
+def _save(plt, fig, run_dir: Path, name: str) -> Path:
+    """Write `fig` to <run_dir>/plots/<name> and free it."""
+    path = run_dir / "plots" / name
     path.parent.mkdir(exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
