@@ -59,6 +59,12 @@ class PolicyConfig(Strict):
         gt=0,
         description="Log-probabilities of softmax(logits / T); GRPO sets it to generation.temperature.",
     )
+    packed_sequences: bool = Field(
+        True,
+        description="Run the decoder on a batch's real tokens only, end to end in one row (no padding "
+        "through the linear layers); false: the padded [B, T] batch. Needs a model that calls attention "
+        "through transformers' AttentionInterface (all current HF decoders).",
+    )
     activation_checkpointing: bool = False
     compile: bool = Field(
         False,

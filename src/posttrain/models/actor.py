@@ -116,6 +116,8 @@ class ActorPolicy(Sampling, Policy):
             "loss_mask",
             batch_size=self.cfg.logprob_batch_size,
             chunk_size=self.cfg.logprob_chunk_size,
+            temperature=self.cfg.logprob_temperature,
+            packed=self.cfg.packed_sequences,
         )
 
     def packed_weights(self) -> list:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from posttrain.models.packing import packed_hidden_states
+
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] for logits [N, V] and targets [N], computed in fp32."""
@@ -136,15 +138,20 @@ def token_logprobs(
     *,
     chunk_size: int = 2048,
     temperature: float = 1.0,
+    packed: bool = False,
 ) -> torch.Tensor:
     """[B, T] tensor whose [b, t] is log p(input_ids[b, t] | input_ids[b, <t]) where target_mask is set, else 0.
 
     p is softmax(logits / temperature): RL trains the distribution it samples from.
 
     `model` is a Hugging Face causal LM; its decoder (`base_model`) and `lm_head` are called
-    separately so that the projection skips positions that are not targets.
+    separately so that the projection skips positions that are not targets. `packed`: the decoder
+    runs on the real tokens only (`posttrain.models.packing`), not on the padding.
     """
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    if packed:
+        hidden = packed_hidden_states(model, input_ids, attention_mask)
+    else:
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     selected = target_mask[:, 1:].bool()
     hidden = hidden[:, :-1][selected]
     if temperature != 1.0:  # logits / T == (hidden / T) @ W.T for a linear lm_head
@@ -164,6 +171,7 @@ def batched_logprobs(
     batch_size: int,
     chunk_size: int,
     temperature: float = 1.0,
+    packed: bool = False,
 ) -> torch.Tensor:
     """[B, T] log-probabilities (CPU, fp32) of the tokens where `batch.<target_mask>` is set."""
     device = next(model.parameters()).device
@@ -179,6 +187,7 @@ def batched_logprobs(
             getattr(micro, target_mask).to(device),
             chunk_size=chunk_size,
             temperature=temperature,
+            packed=packed,
         )
         out[start : start + len(micro), : lp.shape[1]] = lp.float().cpu()
     model.train(was_training)

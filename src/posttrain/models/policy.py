@@ -123,6 +123,7 @@ class Policy:
             micro.loss_mask,
             chunk_size=self.cfg.logprob_chunk_size,
             temperature=self.cfg.logprob_temperature,
+            packed=self.cfg.packed_sequences,
         )
 
     # ------------------------------------------------------------------ distributed
@@ -205,6 +206,7 @@ class Policy:
             batch_size=self.cfg.logprob_batch_size,
             chunk_size=self.cfg.logprob_chunk_size,
             temperature=self.cfg.logprob_temperature,
+            packed=self.cfg.packed_sequences,
         )
 
     # ------------------------------------------------------------------ state

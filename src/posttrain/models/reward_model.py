@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from posttrain.data.batching import TokenBatch
+from posttrain.models.packing import packed_hidden_states
 from posttrain.models.policy import DTYPES, Policy
 
 
@@ -60,10 +61,15 @@ def score_head(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def sequence_scores(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, packed: bool = False
 ) -> torch.Tensor:
-    """[B] scores (at least fp32): the head at each right-padded sequence's last real token (only B head rows computed)."""
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    """[B] scores (at least fp32): the head at each right-padded sequence's last real token (only B head rows computed).
+
+    `packed`: the decoder runs on the real tokens only (`posttrain.models.packing`)."""
+    if packed:
+        hidden = packed_hidden_states(model, input_ids, attention_mask)
+    else:
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     last = attention_mask.sum(dim=1) - 1
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     scores = score_head(model)(hidden[rows, last]).squeeze(-1)
@@ -71,7 +77,9 @@ def sequence_scores(
 
 
 @torch.no_grad()
-def batched_scores(model: torch.nn.Module, batch: TokenBatch, batch_size: int) -> torch.Tensor:
+def batched_scores(
+    model: torch.nn.Module, batch: TokenBatch, batch_size: int, *, packed: bool = False
+) -> torch.Tensor:
     """[B] scores on CPU, `batch_size` sequences per forward, in eval mode."""
     device = next(model.parameters()).device
     was_training = model.training
@@ -80,7 +88,9 @@ def batched_scores(model: torch.nn.Module, batch: TokenBatch, batch_size: int) -
     for start in range(0, len(batch), batch_size):
         micro = batch.select(start, min(start + batch_size, len(batch)))
         parts.append(
-            sequence_scores(model, micro.input_ids.to(device), micro.attention_mask.to(device)).cpu()
+            sequence_scores(
+                model, micro.input_ids.to(device), micro.attention_mask.to(device), packed=packed
+            ).cpu()
         )
     model.train(was_training)
     return torch.cat(parts)
@@ -97,7 +107,11 @@ class RewardPolicy(Policy):
         return load_reward_model(model_path, DTYPES[self.cfg.dtype], pad_token_id=self.pad_token_id)
 
     def loss_inputs(self, micro: TokenBatch) -> torch.Tensor:
-        return sequence_scores(self.model, micro.input_ids, micro.attention_mask)
+        return sequence_scores(
+            self.model, micro.input_ids, micro.attention_mask, packed=self.cfg.packed_sequences
+        )
 
     def scores(self, batch: TokenBatch) -> torch.Tensor:
-        return batched_scores(self.model, batch, self.cfg.logprob_batch_size)
+        return batched_scores(
+            self.model, batch, self.cfg.logprob_batch_size, packed=self.cfg.packed_sequences
+        )

@@ -1,0 +1,147 @@
+"""Unpadded ("packed") decoder forward passes.
+
+A training batch is a [B, T] grid: left-padded prompts, right-padded responses. On 16 GRPO
+rollouts of the quickstart about a fifth of the grid is padding, and every linear layer, norm
+and activation of the decoder would spend that fifth on it. `packed_hidden_states` runs the
+decoder on the N real tokens only, laid end to end as one [1, N] row:
+
+- positions restart at 0 for every sequence (`position_ids`), as in generation;
+- every projection, norm and MLP sees [1, N, H] - no padding;
+- attention, the one place where sequences must not see each other, scatters q, k, v into a
+  [B, L, ...] grid with every sequence starting at column 0 (L = longest sequence), runs causal
+  SDPA there and gathers the N outputs back. Causal attention on a right-padded row never
+  looks at the padding after a token, so no mask is needed.
+
+The attention function is registered with transformers under `PACKED_ATTENTION` and selected
+only for the duration of one packed forward (`packed_attention_implementation`); its mask
+function returns no mask, because `packed_attention` does not use one.
+
+The result equals the padded forward up to float rounding (test: tests/functional/test_packing.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+PACKED_ATTENTION = "posttrain_packed"
+
+
+@dataclass
+class PackedLayout:
+    """Where the N real tokens of a [B, T] batch go.
+
+    valid: [B, T] bool, the attention mask. positions: [1, N] position of each token within its
+    sequence. grid_index: [N] flat index of each token in the [B, L] attention grid (b * L + position).
+    """
+
+    valid: torch.Tensor
+    positions: torch.Tensor
+    grid_index: torch.Tensor
+    batch_size: int
+    max_len: int
+    attention_calls: int = 0
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor) -> PackedLayout:
+        valid = attention_mask.bool()
+        positions_2d = valid.long().cumsum(-1) - 1
+        lengths = valid.sum(-1)
+        max_len = int(lengths.max()) if lengths.numel() else 0
+        rows = torch.arange(valid.shape[0], device=valid.device).unsqueeze(1).expand_as(valid)
+        positions = positions_2d[valid]
+        grid_index = rows[valid] * max_len + positions
+        return cls(valid, positions.unsqueeze(0), grid_index, valid.shape[0], max_len)
+
+
+def _to_grid(x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
+    """[1, heads, N, D] -> [B, heads, L, D], zeros where a sequence has ended."""
+    heads, dim = x.shape[1], x.shape[3]
+    tokens = x[0].transpose(0, 1)  # [N, heads, D]
+    grid = tokens.new_zeros(layout.batch_size * layout.max_len, heads, dim)
+    grid = grid.index_copy(0, layout.grid_index, tokens)
+    return grid.view(layout.batch_size, layout.max_len, heads, dim).transpose(1, 2)
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    packed_layout: PackedLayout | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention of each packed sequence on itself; same signature as transformers' attention functions.
+
+    query [1, Hq, N, D], key/value [1, Hkv, N, D] -> output [1, N, Hq, D] (the layout HF's
+    attention functions return)."""
+    if packed_layout is None:
+        raise RuntimeError(f"attention '{PACKED_ATTENTION}' runs only inside packed_hidden_states")
+    packed_layout.attention_calls += 1
+    q, k, v = (_to_grid(x, packed_layout) for x in (query, key, value))
+    out = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        is_causal=True,
+        scale=scaling,
+        dropout_p=dropout if module.training else 0.0,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    out = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])  # [B * L, Hq, D]
+    return out.index_select(0, packed_layout.grid_index).unsqueeze(0), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    AttentionMaskInterface.register(PACKED_ATTENTION, _no_mask)
+
+
+@contextmanager
+def packed_attention_implementation(model: torch.nn.Module) -> Iterator[None]:
+    """Select `packed_attention` for every attention layer of `model` while the block runs."""
+    _register()
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = PACKED_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def packed_hidden_states(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """The decoder's last hidden states [B, T, H] for a padded batch, computed on its real tokens only.
+
+    Padding positions are 0. `model` is a Hugging Face causal LM (its `base_model` is the decoder)."""
+    layout = PackedLayout.of(attention_mask)
+    with packed_attention_implementation(model):
+        packed = model.base_model(
+            input_ids=input_ids[layout.valid].unsqueeze(0),
+            position_ids=layout.positions,
+            packed_layout=layout,
+        ).last_hidden_state[0]  # [N, H]
+    if layout.attention_calls == 0:  # the sequences attended to each other: refuse the result
+        raise RuntimeError(
+            f"{type(model).__name__} does not call attention through transformers' AttentionInterface, "
+            "so its sequences cannot be packed; set policy.packed_sequences=false"
+        )
+    hidden = packed.new_zeros(*input_ids.shape, packed.shape[-1])
+    return hidden.index_put((layout.valid,), packed)
