@@ -102,3 +102,20 @@ def test_packed_reward_scores_equal_padded(tiny_model_dir, tokenizer):
         padded = sequence_scores(model, ids, mask)
         packed = sequence_scores(model, ids, mask, packed=True)
     torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
+
+
+def test_gqa_sdpa_attention_equals_transformers_sdpa_with_padding_mask():
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from posttrain.models.attention import gqa_sdpa_attention
+
+    torch.manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    query, key, value = torch.randn(2, 6, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[0, ..., :2] = False  # row 0 is left-padded by 2
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.5)
+    got, _ = gqa_sdpa_attention(module, query, key, value, mask, scaling=0.5)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

@@ -13,23 +13,21 @@ decoder on the N real tokens only, laid end to end as one [1, N] row:
   looks at the padding after a token, so no mask is needed.
 
 The attention function is registered with transformers under `PACKED_ATTENTION` and selected
-only for the duration of one packed forward (`packed_attention_implementation`); its mask
-function returns no mask, because `packed_attention` does not use one.
+only for the duration of one packed forward (`posttrain.models.attention`); its mask function
+returns no mask, because `packed_attention` does not use one.
 
 The result equals the padded forward up to float rounding (test: tests/functional/test_packing.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-PACKED_ATTENTION = "posttrain_packed"
+from posttrain.models.attention import PACKED_ATTENTION, attention_implementation
 
 
 @dataclass
@@ -100,31 +98,6 @@ def packed_attention(
     return out.index_select(0, packed_layout.grid_index).unsqueeze(0), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-    AttentionMaskInterface.register(PACKED_ATTENTION, _no_mask)
-
-
-@contextmanager
-def packed_attention_implementation(model: torch.nn.Module) -> Iterator[None]:
-    """Select `packed_attention` for every attention layer of `model` while the block runs."""
-    _register()
-    config = model.config
-    previous = config._attn_implementation
-    config._attn_implementation = PACKED_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
-
-
 def packed_hidden_states(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
@@ -132,7 +105,7 @@ def packed_hidden_states(
 
     Padding positions are 0. `model` is a Hugging Face causal LM (its `base_model` is the decoder)."""
     layout = PackedLayout.of(attention_mask)
-    with packed_attention_implementation(model):
+    with attention_implementation(model, PACKED_ATTENTION):
         packed = model.base_model(
             input_ids=input_ids[layout.valid].unsqueeze(0),
             position_ids=layout.positions,

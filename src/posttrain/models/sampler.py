@@ -16,11 +16,14 @@ leaves the global RNG alone.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from posttrain.models.attention import GQA_SDPA_ATTENTION, attention_implementation
 
 # Drop finished rows from the batch once this fraction of the rows still in it has finished.
 COMPACT_FRACTION = 0.25
@@ -147,9 +150,43 @@ def sample(
     seed: int | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sampled token ids and their logprobs per prompt, each ending at EOS or a stop string, or at
-    max_new_tokens (the caller tells the two apart)."""
+    max_new_tokens (the caller tells the two apart).
+
+    A model on transformers' "sdpa" attention decodes with `GQA_SDPA_ATTENTION` (the same
+    attention without a copy of the KV cache per layer and token for grouped-query heads)."""
     if stop_strings and tokenizer is None:
         raise ValueError("stop strings need the tokenizer to decode the generated text")
+    faster = getattr(model.config, "_attn_implementation", None) == "sdpa"
+    with attention_implementation(model, GQA_SDPA_ATTENTION) if faster else nullcontext():
+        return _sample(
+            model,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_strings=stop_strings,
+            tokenizer=tokenizer,
+            seed=seed,
+        )
+
+
+def _sample(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: set[int],
+    pad_id: int,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
+    stop_strings: tuple[str, ...],
+    tokenizer: Any,
+    seed: int | None,
+) -> tuple[list[list[int]], list[list[float]]]:
     device = next(model.parameters()).device
     generator = None
     if seed is not None and temperature > 0:

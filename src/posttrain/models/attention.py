@@ -1,0 +1,82 @@
+"""Attention functions posttrain registers with transformers, and a way to select one for a while.
+
+transformers dispatches every decoder's attention through `AttentionInterface` by the name in
+`config._attn_implementation`, and builds masks through `AttentionMaskInterface` by the same name.
+posttrain adds two:
+
+- `PACKED_ATTENTION` (`posttrain.models.packing.packed_attention`): sequences packed end to end in
+  one row attend only to themselves; no mask is built.
+- `GQA_SDPA_ATTENTION`: `torch.nn.functional.scaled_dot_product_attention` with grouped-query heads
+  handled by the kernel (`enable_gqa`), also when there is a padding mask. transformers' own "sdpa"
+  copies K and V to every query head whenever a mask is given (`repeat_kv`); when decoding a
+  left-padded batch that is a copy of the whole KV cache in every layer at every token. Same
+  mask as "sdpa", same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+PACKED_ATTENTION = "posttrain_packed"
+GQA_SDPA_ATTENTION = "posttrain_sdpa_gqa"
+
+
+def gqa_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """query [B, Hq, q, D], key/value [B, Hkv, k, D], HF's sdpa mask -> output [B, q, Hq, D]."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout if module.training else 0.0,
+        scale=scaling,
+        is_causal=bool(causal and attention_mask is None and query.shape[2] > 1),
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def register() -> None:
+    """Make posttrain's attention functions known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from posttrain.models.packing import packed_attention
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    AttentionMaskInterface.register(PACKED_ATTENTION, _no_mask)
+    AttentionInterface.register(GQA_SDPA_ATTENTION, gqa_sdpa_attention)
+    AttentionMaskInterface.register(GQA_SDPA_ATTENTION, sdpa_mask)
+
+
+@contextmanager
+def attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Run every attention layer of `model` with the attention function `name` while the block runs."""
+    register()
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
