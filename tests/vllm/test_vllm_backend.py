@@ -156,11 +156,38 @@ class _Group:
             return [self.worker.engine_checksum()]
         return [self.worker.parameters_checksum()]
 
-    def parameters_checksum(self):
-        return [self.worker.parameters_checksum()]
+    def parameters_checksum(self, dtype=None):
+        return [self.worker.parameters_checksum(dtype)]
 
     def logprobs(self, batch, target_mask="loss_mask"):
         return self.worker.logprobs(batch, target_mask)
+
+
+def test_bf16_engine_under_fp32_policy(vllm_tiny_dir, tokenizer):
+    """generation.vllm.dtype=bfloat16: refits cast, the checksum gate compares the cast weights and
+    still catches a skipped refit; logprobs stay close to the fp32 policy's."""
+    from posttrain.config.schema import VLLMConfig
+
+    actor = ActorPolicy(
+        _policy_cfg(),
+        model_path=str(vllm_tiny_dir),
+        total_steps=4,
+        tokenizer_path=str(vllm_tiny_dir),
+        generation=GenerationConfig(backend="vllm", vllm=VLLMConfig(dtype="bfloat16")),
+    )
+    actor.model.config.use_cache = False
+    cfg = GenerationConfig().refit_check
+    check = functools.partial(check_refit, cfg, _Group(actor), _Group(actor), [], SamplingParams(), 0)
+    check(engine_dtype="bfloat16")
+    with pytest.raises(RefitError):  # fp32 sums differ from the bf16 engine's
+        check()
+    assert 1.0 < _parity(actor, actor, tokenizer) <= 1.05
+    _train_one_step(actor, tokenizer)
+    with pytest.raises(RefitError, match="sum"):
+        check(engine_dtype="bfloat16")
+    actor.refit_engine()
+    check(engine_dtype="bfloat16")
+    assert 1.0 < _parity(actor, actor, tokenizer) <= 1.05
 
 
 def _grpo_cfg(model_dir, run_dir, **extra):

@@ -304,6 +304,13 @@ class VLLMConfig(Strict):
     prefix_caching: bool = Field(True, description="Prefill a prompt once for its G samples.")
     max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together.")
     sleep: bool = Field(False, description="GPU: release vLLM's memory while the policy trains.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="The engine's weights and compute; auto: the policy's dtype. bfloat16 under a float32 "
+        "policy generates faster (GPUs; CPUs with AMX) and refits cast the weights; generation logprobs "
+        "then differ more from training's (watch token_mult_prob_error; loss.importance_correction "
+        "corrects for it). The checksum refit check compares the policy's weights cast to this dtype.",
+    )
 
 
 class RefitCheckConfig(Strict):

@@ -86,8 +86,8 @@ class PolicyGroup:
     def load_checkpoint(self, directory: Path) -> None:
         self.workers.run(Policy.load_checkpoint, [(str(directory),)] * self.world_size)
 
-    def parameters_checksum(self) -> list[float]:
-        return self.workers.run(Policy.parameters_checksum)
+    def parameters_checksum(self, dtype: str | None = None) -> list[tuple[float, float]]:
+        return self.workers.run(Policy.parameters_checksum, dtype=dtype)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.workers.run(Policy.state_dict_cpu)[0]

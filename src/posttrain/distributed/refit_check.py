@@ -35,7 +35,7 @@ class Generator(Protocol):
 class Scorer(Protocol):
     def logprobs(self, batch: TokenBatch, target_mask: str = "loss_mask") -> torch.Tensor: ...
 
-    def parameters_checksum(self) -> list[tuple[float, float]]: ...
+    def parameters_checksum(self, dtype: str | None = None) -> list[tuple[float, float]]: ...
 
 
 def probe_batch(
@@ -86,12 +86,15 @@ def check_refit(
     probe_prompts: list[list[int]],
     params: SamplingParams,
     pad_id: int,
+    engine_dtype: str | None = None,
 ) -> dict[str, float]:
-    """Run the configured check; returns its metric, raises `RefitError` when it fails."""
+    """Run the configured check; returns its metric, raises `RefitError` when it fails.
+
+    `engine_dtype`: the dtype the generator holds the weights in, when it differs from the policy's."""
     if cfg.mode == "off":
         return {}
     if cfg.mode == "checksum":
-        [reference, *_] = policy.parameters_checksum()
+        [reference, *_] = policy.parameters_checksum(engine_dtype)
         diff = compare_checksums(reference, generator.generator_checksums(), cfg.relative_tolerance)
         return {"refit/checksum_relative_diff": diff}
     prompts = probe_prompts[: cfg.prompts]

@@ -188,6 +188,13 @@ class GenerationWorker(Sampling):
         return weights_checksum(self.model.parameters())
 
 
+def engine_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str:
+    """The dtype the generator's weights have: the policy's, unless a vLLM engine is set to another."""
+    if generation.backend == "vllm" and generation.vllm.dtype != "auto":
+        return generation.vllm.dtype
+    return policy.dtype
+
+
 def build_vllm_engine(
     generation: GenerationConfig,
     policy: PolicyConfig,
@@ -203,7 +210,7 @@ def build_vllm_engine(
         generation.vllm,
         model_path=model_path,
         tokenizer_path=tokenizer_path,
-        dtype=policy.dtype,
+        dtype=engine_dtype(generation, policy),
         max_model_len=policy.max_seq_len,
         seed=policy.seed + rank,
         device=device,

@@ -210,9 +210,9 @@ class Policy:
         )
 
     # ------------------------------------------------------------------ state
-    def parameters_checksum(self) -> tuple[float, float]:
-        """(Σw, Σw²) in fp64: a cheap fingerprint for tests and refit checks."""
-        return weights_checksum(self.model.parameters())
+    def parameters_checksum(self, dtype: str | None = None) -> tuple[float, float]:
+        """(Σw, Σw²) in fp64, of the weights cast to `dtype` if given: a cheap fingerprint for tests and refit checks."""
+        return weights_checksum(self.model.parameters(), DTYPES[dtype] if dtype else None)
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}

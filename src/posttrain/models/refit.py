@@ -94,16 +94,20 @@ def load_packed(model: torch.nn.Module, buckets: list[PackedBucket]) -> int:
 
 
 @torch.no_grad()
-def weights_checksum(parameters: Iterable[torch.Tensor]) -> tuple[float, float]:
+def weights_checksum(
+    parameters: Iterable[torch.Tensor], dtype: torch.dtype | None = None
+) -> tuple[float, float]:
     """(Σw, Σw²) in float64 over distinct tensors: a fingerprint of a model's weights. Fused and split
     layouts of the same weights (vLLM's qkv_proj vs HF's q/k/v_proj) give the same sums up to
-    float64 rounding; one optimizer step changes them."""
+    float64 rounding; one optimizer step changes them. `dtype`: of the weights first cast to it (what
+    an engine that holds them in that dtype has)."""
     total, squares, seen = 0.0, 0.0, set()
     for p in parameters:
         if p.data_ptr() in seen:
             continue
         seen.add(p.data_ptr())
-        w = p.detach().double()
+        w = p.detach() if dtype is None else p.detach().to(dtype)
+        w = w.double()
         total += float(w.sum())
         squares += float((w * w).sum())
     return total, squares

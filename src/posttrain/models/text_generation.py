@@ -55,7 +55,7 @@ def _sample(
             vllm,
             model_path=model_dir,
             tokenizer_path=model_dir,
-            dtype=dtype,
+            dtype=dtype if vllm.dtype == "auto" else vllm.dtype,
             max_model_len=max(map(len, prompt_ids)) + params.max_new_tokens,
             seed=params.seed or 0,
             device=device,
