@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 @dataclass
@@ -209,18 +210,16 @@ REFIT_GROUP_TIMEOUT = datetime.timedelta(minutes=10)
 
 def host_refit_store(
     world_size: int, timeout: datetime.timedelta = REFIT_GROUP_TIMEOUT
-) -> tuple[torch.distributed.TCPStore, str, int]:
+) -> tuple[dist.TCPStore, str, int]:
     """The rendezvous of a `RefitGroup`, hosted by its sender: (store, address, port), the port
     picked free by the OS. Keep the store alive as long as the group."""
-    from torch.distributed import TCPStore
-
     address = "127.0.0.1"  # one process (cluster.backend=local)
     with contextlib.suppress(ImportError):
         import ray
 
         if ray.is_initialized():
             address = ray.util.get_node_ip_address()
-    store = TCPStore(address, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+    store = dist.TCPStore(address, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
     return store, address, store.port
 
 
@@ -237,14 +236,12 @@ class RefitGroup:
 
     def __init__(
         self,
-        store: torch.distributed.Store,
+        store: dist.Store,
         rank: int,
         world_size: int,
         device: torch.device | str,
         timeout: datetime.timedelta = REFIT_GROUP_TIMEOUT,
     ) -> None:
-        import torch.distributed as dist
-
         self.store = store  # rank 0's store serves the others: keep it as long as the group
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         prefixed = dist.PrefixStore("posttrain-refit", store)
@@ -267,15 +264,11 @@ class RefitGroup:
         timeout: datetime.timedelta = REFIT_GROUP_TIMEOUT,
     ) -> RefitGroup:
         """A receiver (rank > 0) joins the group whose store rank 0 hosts at address:port."""
-        import torch.distributed as dist
-
         store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
         return cls(store, rank, world_size, device, timeout)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's `tensor` into every member's `tensor` (same numel and dtype everywhere)."""
-        import torch.distributed as dist
-
         options = dist.BroadcastOptions()
         options.rootRank = 0
         self.backend.broadcast([tensor], options).wait()
