@@ -115,7 +115,7 @@ def test_collective_broadcast_gives_every_receiver_the_exact_tensors():
     for t in threads:
         t.start()
     sender = RefitGroup(store, 0, 3, "cpu")
-    sent = send_buckets(sender, layouts, lambda layout: state, "cpu")
+    sent = send_buckets(sender, layouts, lambda layout: state)
     for t in threads:
         t.join(timeout=60)
     sender.close()

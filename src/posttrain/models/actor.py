@@ -136,7 +136,7 @@ class ActorPolicy(Sampling, Policy):
             return {name: _full(params[name]) for name, _, _ in layout.entries}
 
         with torch.no_grad():
-            return send_buckets(self.refit_group, self.refit_layout(), tensors_of, self.device)
+            return send_buckets(self.refit_group, self.refit_layout(), tensors_of)
 
     def close_refit_group(self) -> None:
         if self.refit_group is not None:

@@ -97,10 +97,13 @@ def plan_buckets(
 
 
 def pack_bucket(
-    layout: BucketLayout, tensors: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"
+    layout: BucketLayout,
+    tensors: Mapping[str, torch.Tensor],
+    device: torch.device | str = "cpu",
+    out: torch.Tensor | None = None,
 ) -> PackedBucket:
-    """Copy the layout's tensors (from `tensors`, by name) into one new buffer on `device`."""
-    buffer = torch.empty(layout.numel, dtype=layout.dtype, device=device)
+    """Copy the layout's tensors (from `tensors`, by name) into `out` or a new buffer on `device`."""
+    buffer = torch.empty(layout.numel, dtype=layout.dtype, device=device) if out is None else out
     for name, shape, offset in layout.entries:
         buffer[offset : offset + math.prod(shape)].copy_(tensors[name].detach().reshape(-1))
     return PackedBucket(buffer, list(layout.entries))
@@ -252,6 +255,7 @@ class RefitGroup:
             self.backend = ProcessGroupNCCL(prefixed, rank, world_size, timeout)
         else:
             self.backend = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}
 
     @classmethod
     def connect(
@@ -273,35 +277,47 @@ class RefitGroup:
         options.rootRank = 0
         self.backend.broadcast([tensor], options).wait()
 
+    def bucket_buffer(self, layout: BucketLayout) -> torch.Tensor:
+        """A buffer for one bucket, valid until the next call. On CPU a slice of one scratch buffer per
+        dtype, kept across buckets and refits: fresh pages cost as much as the transfer itself (gloo,
+        256 MB between two processes on the dev machine: 0.94 GB/s into new buffers, 1.74 GB/s into
+        reused ones). On CUDA a new tensor, whose memory the caching allocator reuses anyway."""
+        if self.device.type != "cpu":
+            return torch.empty(layout.numel, dtype=layout.dtype, device=self.device)
+        scratch = self._scratch.get(layout.dtype)
+        if scratch is None or scratch.numel() < layout.numel:
+            scratch = self._scratch[layout.dtype] = torch.empty(layout.numel, dtype=layout.dtype)
+        return scratch[: layout.numel]
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.backend.shutdown()
         self.backend = None
         self.store = None
+        self._scratch = {}
 
 
 def send_buckets(
     group: RefitGroup | None,
     layouts: list[BucketLayout],
     tensors_of: Callable[[BucketLayout], Mapping[str, torch.Tensor]],
-    device: torch.device | str,
 ) -> int:
-    """Pack each layout's tensors (`tensors_of(layout)`) on `device` and broadcast the buffer; returns
-    bytes sent. With group None the tensors are still requested (FSDP ranks other than 0 must join
-    each bucket's gather) but nothing is sent. One bucket exists at a time."""
+    """Rank 0: pack each layout's tensors (`tensors_of(layout)`) into a buffer on the group's device
+    and broadcast it; returns the bytes sent. With group None the tensors are still asked for (FSDP
+    ranks other than 0 must join each bucket's gather) but nothing is sent."""
     sent = 0
     for layout in layouts:
         tensors = tensors_of(layout)
         if group is not None:
-            group.broadcast(pack_bucket(layout, tensors, device).buffer)
+            group.broadcast(pack_bucket(layout, tensors, out=group.bucket_buffer(layout)).buffer)
             sent += layout.nbytes
     return sent
 
 
 def receive_buckets(group: RefitGroup, layouts: list[BucketLayout]) -> Iterator[PackedBucket]:
-    """Rank > 0: each bucket broadcast by rank 0, received into a new buffer on the group's device.
-    Load each before asking for the next, so that one bucket exists at a time."""
+    """Rank > 0: each bucket that rank 0 broadcasts, received into a buffer of the announced size and
+    dtype on the group's device. A bucket is valid until the next is asked for: load it first."""
     for layout in layouts:
-        buffer = torch.empty(layout.numel, dtype=layout.dtype, device=group.device)
+        buffer = group.bucket_buffer(layout)
         group.broadcast(buffer)
         yield PackedBucket(buffer, list(layout.entries))
