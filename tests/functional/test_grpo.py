@@ -97,16 +97,18 @@ def test_grpo_two_steps_local_with_kl_and_resume(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("placement", ["colocated", "split", "split_object_store"])
+@pytest.mark.parametrize("placement", ["colocated", "split", "split_object_store", "split_collective"])
 def test_grpo_two_steps_on_ray(ray_cluster, tiny_model_dir, tmp_path, placement):
+    """split: refit_transport=auto (shared memory on this CPU machine); then the two other transports."""
+    placement_name, _, transport = placement.partition("_")
     cfg = _grpo_cfg(
         tiny_model_dir,
         tmp_path / placement,
         **{
             "cluster.backend": "ray",
             "cluster.cpus_per_worker": 1,
-            "generation.placement": placement.removesuffix("_object_store"),
-            "generation.shared_memory_refit": placement != "split_object_store",
+            "generation.placement": placement_name,
+            "generation.refit_transport": transport or "auto",
             "generation.refit_check.mode": "logprobs",
         },
     )

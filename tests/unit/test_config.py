@@ -89,3 +89,42 @@ def test_vllm_cpu_binding_gives_each_rank_its_own_cores(monkeypatch):
     assert cpu_environment(cfg, 4, rank=1)["VLLM_CPU_OMP_THREADS_BIND"] == "4-7"
     assert cpu_environment(cfg, 1, rank=9)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert cpu_environment(cfg, 4, rank=0)["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_refit_transport_auto_and_impossible_choices():
+    from posttrain.config.schema import ClusterConfig, GenerationConfig, GRPOConfig
+
+    auto = GenerationConfig(placement="split")
+    picks = {
+        (1, 0, "ray"): "shared_memory",
+        (1, 0, "local"): "shared_memory",
+        (2, 0, "ray"): "object_store",
+        (1, 8, "ray"): "collective",
+        (2, 8, "ray"): "collective",
+        (1, 1, "local"): "object_store",
+    }
+    for (nodes, gpus, backend), want in picks.items():
+        cluster = ClusterConfig(num_nodes=nodes, gpus_per_node=gpus, backend=backend)
+        assert auto.resolved_refit_transport(cluster) == want, (nodes, gpus, backend)
+    explicit = GenerationConfig(refit_transport="collective")
+    assert explicit.resolved_refit_transport(ClusterConfig()) == "collective"
+    split = ["generation.placement=split"]
+    with pytest.raises(ConfigError, match="shared_memory needs one CPU machine"):
+        load_config(
+            GRPOConfig, None, [*split, "generation.refit_transport=shared_memory", "cluster.gpus_per_node=8"]
+        )
+    with pytest.raises(ConfigError, match="NCCL refuses"):
+        load_config(
+            GRPOConfig,
+            None,
+            [
+                *split,
+                "generation.refit_transport=collective",
+                "cluster.backend=local",
+                "cluster.gpus_per_node=1",
+            ],
+        )
+    # colocated placement does not refit between processes: the field is not checked there
+    load_config(GRPOConfig, None, ["generation.refit_transport=shared_memory", "cluster.gpus_per_node=8"])
+    with pytest.raises(ConfigError, match="Did you mean `generation.refit_transport`"):
+        load_config(GRPOConfig, None, ["generation.refit_transpor=collective"])

@@ -1,16 +1,22 @@
-"""Refit transports (packed buckets, their numpy form for the object store, shared flat weights) and
-the weights checksum, on small hand-made tensors."""
+"""Refit transports (packed buckets, their numpy form for the object store, shared flat weights, the
+collective broadcast) and the weights checksum, on small hand-made tensors."""
 
 import os
+import threading
 
 import torch
 
 from posttrain.models.refit import (
     NumpyBucket,
+    RefitGroup,
     SharedFlatWeights,
+    host_refit_store,
     load_packed,
     map_shared,
     pack_state_dict,
+    plan_buckets,
+    receive_buckets,
+    send_buckets,
     unpack,
     weights_checksum,
 )
@@ -73,3 +79,48 @@ def test_checksum_is_the_same_for_fused_and_split_layouts():
     # Σw = 1 + 2 + 3 - 1 + 0.5 + 0.5 = 6; Σw² = 1 + 4 + 9 + 1 + 0.25 + 0.25 = 15.5
     assert split == fused == (6.0, 15.5)
     assert weights_checksum([q, q]) == (3.0, 5.0)  # one tensor passed twice (tied weights) counts once
+
+
+def test_bucket_plan_groups_by_dtype_and_gives_a_large_tensor_its_own_bucket():
+    specs = [(k, tuple(v.shape), v.dtype) for k, v in _state().items()]
+    layouts = plan_buckets(specs, bucket_bytes=24)
+    assert [(la.dtype, la.numel, la.entries) for la in layouts] == [
+        (torch.float32, 6, (("a", (2, 3), 0),)),
+        (torch.float32, 4, (("c", (4,), 0),)),
+        (torch.bfloat16, 2, (("b", (2,), 0),)),
+    ]
+    assert [la.nbytes for la in layouts] == [24, 16, 4]
+    [fp32, bf16] = plan_buckets(specs)  # default size: one bucket per dtype, offsets in order
+    assert fp32.entries == (("a", (2, 3), 0), ("c", (4,), 6)) and bf16.numel == 2
+
+
+def test_collective_broadcast_gives_every_receiver_the_exact_tensors():
+    """Rank 0 and two receivers in threads of this process, gloo: the real group and bucket code."""
+    state = {**_state(), "d": torch.randn(5, 7)}
+    layouts = plan_buckets(((k, tuple(v.shape), v.dtype) for k, v in state.items()), bucket_bytes=64)
+    assert len(layouts) >= 3
+    store, address, port = host_refit_store(3)
+    received: dict[int, dict[str, torch.Tensor]] = {}
+
+    def receiver(rank: int) -> None:
+        group = RefitGroup.connect(address, port, rank, 3, "cpu")
+        received[rank] = {
+            name: tensor.clone()
+            for bucket in receive_buckets(group, layouts)
+            for name, tensor in unpack([bucket])
+        }
+        group.close()
+
+    threads = [threading.Thread(target=receiver, args=(rank,)) for rank in (1, 2)]
+    for t in threads:
+        t.start()
+    sender = RefitGroup(store, 0, 3, "cpu")
+    sent = send_buckets(sender, layouts, lambda layout: state)
+    for t in threads:
+        t.join(timeout=60)
+    sender.close()
+    assert sent == sum(v.numel() * v.element_size() for v in state.values())
+    for rank in (1, 2):
+        assert received[rank].keys() == state.keys()
+        for name, tensor in state.items():
+            assert received[rank][name].dtype == tensor.dtype and torch.equal(received[rank][name], tensor)

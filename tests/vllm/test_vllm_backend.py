@@ -215,7 +215,9 @@ def test_grpo_two_steps_colocated_local(vllm_tiny_dir, tmp_path):
 
 
 @pytest.mark.ray
-def test_grpo_two_steps_split_on_ray(ray_cluster, vllm_tiny_dir, tmp_path):
+@pytest.mark.parametrize("transport", ["auto", "collective"])
+def test_grpo_two_steps_split_on_ray(ray_cluster, vllm_tiny_dir, tmp_path, transport):
+    """auto: shared memory on this CPU machine; collective: gloo broadcast into the engine."""
     cfg = _grpo_cfg(
         vllm_tiny_dir,
         tmp_path / "run",
@@ -223,6 +225,7 @@ def test_grpo_two_steps_split_on_ray(ray_cluster, vllm_tiny_dir, tmp_path):
             "cluster.backend": "ray",
             "cluster.cpus_per_worker": 1,
             "generation.placement": "split",
+            "generation.refit_transport": transport,
             "generation.refit_check.mode": "logprobs",
         },
     )

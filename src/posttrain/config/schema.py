@@ -328,6 +328,9 @@ class RefitCheckConfig(Strict):
     relative_tolerance: float = Field(1e-9, gt=0, description="checksum mode.")
 
 
+RefitTransport = Literal["shared_memory", "object_store", "collective"]
+
+
 class GenerationConfig(Strict):
     """How rollouts are sampled. Generation logprobs are of softmax(logits / temperature), the
     distribution the policy trains (temperature 1 when greedy)."""
@@ -348,11 +351,41 @@ class GenerationConfig(Strict):
     batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     refit_check: RefitCheckConfig = Field(default_factory=RefitCheckConfig)
-    shared_memory_refit: bool = Field(
-        True,
-        description="Split placement on one CPU machine: generation workers read the policy's weights "
-        "from shared memory; false: packed buffers through the Ray object store (as across machines).",
+    refit_transport: Literal["auto", "shared_memory", "object_store", "collective"] = Field(
+        "auto",
+        description="Split placement: how new weights reach the generation workers. shared_memory: they "
+        "map the policy's weights, kept in /dev/shm (one CPU machine); object_store: policy rank 0 packs "
+        "them into buckets that travel through the Ray object store (any nodes; via host memory); "
+        "collective: policy rank 0 broadcasts the buckets over a process group of its own with the "
+        "workers (NCCL on GPU, gloo on CPU). auto: shared_memory on one CPU machine, collective with "
+        "GPUs on Ray, object_store otherwise (CPU across machines, or GPUs with cluster.backend=local).",
     )
+
+    def resolved_refit_transport(self, cluster: ClusterConfig) -> RefitTransport:
+        """The transport `auto` stands for on this cluster (an explicit choice is returned as is)."""
+        if self.refit_transport != "auto":
+            return self.refit_transport
+        if cluster.gpus_per_node == 0 and cluster.num_nodes == 1:
+            return "shared_memory"
+        if cluster.gpus_per_node > 0 and cluster.backend == "ray":
+            return "collective"
+        return "object_store"
+
+    def check_refit_transport(self, cluster: ClusterConfig) -> None:
+        """Raise ValueError when split placement's refit transport cannot work on `cluster`."""
+        transport = self.resolved_refit_transport(cluster)
+        if transport == "shared_memory" and (cluster.gpus_per_node > 0 or cluster.num_nodes > 1):
+            raise ValueError(
+                "generation.refit_transport=shared_memory needs one CPU machine (cluster.num_nodes=1, "
+                f"cluster.gpus_per_node=0; got {cluster.num_nodes} nodes, {cluster.gpus_per_node} GPUs "
+                "per node): the weights are shared through /dev/shm. Use refit_transport=auto"
+            )
+        if transport == "collective" and cluster.backend == "local" and cluster.gpus_per_node > 0:
+            raise ValueError(
+                "generation.refit_transport=collective with cluster.backend=local and GPUs would put "
+                "both NCCL ranks on one GPU in one process, which NCCL refuses; use cluster.backend=ray "
+                "or refit_transport=object_store"
+            )
 
 
 class EnvironmentConfig(Strict):
@@ -429,6 +462,12 @@ class GRPOConfig(Strict):
     cluster: ClusterConfig = ClusterConfig()
     checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _refit_transport_fits_cluster(self) -> GRPOConfig:
+        if self.generation.placement == "split":
+            self.generation.check_refit_transport(self.cluster)
+        return self
 
 
 ALGORITHM_CONFIGS: dict[str, type[Strict]] = {"sft": SFTConfig, "grpo": GRPOConfig}

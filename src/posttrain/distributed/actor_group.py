@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfig
+from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfig, RefitTransport
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.policy_group import PolicyGroup
-from posttrain.distributed.workers import Workers, make_workers
+from posttrain.distributed.workers import Workers, make_workers, run_concurrently
 from posttrain.models.actor import ActorPolicy, GenerationWorker
 from posttrain.models.generation import GenerationOutput, SamplingParams
 from posttrain.models.refit import SharedWeightsHandle
@@ -82,7 +84,10 @@ class GenerationGroup:
         *,
         model_path: str,
         tokenizer_path: str,
+        transport: RefitTransport = "object_store",
     ) -> None:
+        self.transport = transport
+        self.refit_source: ActorGroup | None = None  # collective: the policy whose rank 0 sends
         gpus = 1 if cluster.gpus_per_node > 0 else 0
         kwargs = [
             dict(
@@ -107,18 +112,55 @@ class GenerationGroup:
     def refit(self, policy: ActorGroup) -> int:
         """Give every generation worker the policy's weights; returns tensors loaded per worker.
 
-        On one machine the workers read the policy's shared-memory buffers (one copy); otherwise
-        the policy packs its weights into buckets that travel through the Ray object store."""
-        handle = policy.shared_weights_handle()
-        if handle is not None:
+        shared_memory: the workers read the policy's shared-memory buffers (one machine, one copy);
+        object_store: policy rank 0 packs its weights into buckets that travel through the Ray object
+        store; collective: policy rank 0 broadcasts the buckets over a process group it shares with
+        the workers (NCCL on GPU, gloo on CPU), built at the first refit and reused."""
+        if self.transport == "collective":
+            return self._broadcast_from(policy)
+        if self.transport == "shared_memory":
+            handle = policy.shared_weights_handle()
+            if handle is None:
+                raise RuntimeError(
+                    "refit_transport=shared_memory, but the policy was built without shared_weights"
+                )
             count = self.workers.run(GenerationWorker.load_shared, [(handle,)] * len(self.workers))[0]
             policy.unlink_shared_weights()  # all workers have mapped the buffers
             return count
         buckets = policy.packed_weights()
         return self.workers.run(GenerationWorker.load_weights, [(buckets,)] * len(self.workers))[0]
 
+    def _broadcast_from(self, policy: ActorGroup) -> int:
+        n = len(self.workers)
+        if self.refit_source is None:
+            [(address, port, layout)] = policy.workers.run(ActorPolicy.host_refit_group, [(n + 1,)])
+            # every member blocks in the group's constructor until all have joined: start them together
+            run_concurrently(
+                (policy.workers, ActorPolicy.join_refit_group, [(n + 1,)]),
+                (
+                    self.workers,
+                    GenerationWorker.join_refit_group,
+                    [(address, port, rank + 1, n + 1, layout) for rank in range(n)],
+                ),
+            )
+            self.refit_source = policy
+        # every policy rank joins (FSDP gathers each bucket); rank 0 sends
+        _, received = run_concurrently(
+            (policy.workers, ActorPolicy.broadcast_weights, None),
+            (self.workers, GenerationWorker.receive_weights, None),
+        )
+        return received[0]
+
     def generator_checksums(self) -> list[tuple[float, float]]:
         return self.workers.run(GenerationWorker.parameters_checksum)
 
     def shutdown(self) -> None:
+        if self.refit_source is not None:  # close the refit group on all its members together
+            with contextlib.suppress(Exception):  # a member stuck in a failed refit: killed below
+                run_concurrently(
+                    (self.refit_source.workers, ActorPolicy.close_refit_group, [()]),
+                    (self.workers, GenerationWorker.close_refit_group, None),
+                    timeout_s=30,
+                )
+            self.refit_source = None
         self.workers.shutdown()

@@ -88,14 +88,17 @@ class RayWorkers:
 
     def run(self, method: Callable, args_per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
         """Call `method` on ranks 0..len(args_per_rank)-1 (all ranks when None); results in rank order."""
+        return self._get(self.submit(method, args_per_rank, **kwargs))
+
+    def submit(self, method: Callable, args_per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list:
+        """Start `method` like `run` does, without waiting: one Ray ref per called rank."""
         args_per_rank = [()] * len(self.actors) if args_per_rank is None else args_per_rank
         if len(args_per_rank) > len(self.actors):
             raise ValueError(f"{len(args_per_rank)} argument sets for {len(self.actors)} workers")
-        refs = [
+        return [
             getattr(actor, method.__name__).remote(*args, **kwargs)
             for actor, args in zip(self.actors, args_per_rank, strict=False)
         ]
-        return self._get(refs)
 
     def _get(self, refs: list) -> list[Any]:
         return get_named(refs, self.names)
@@ -125,6 +128,78 @@ def get_named(refs: list, names: Sequence[str]) -> list[Any]:
             ray.get(done[0])
         except ray.exceptions.RayError as e:
             raise WorkerError(f"worker {names[index[done[0]]]} failed:\n{e}") from None
+    return ray.get(refs)
+
+
+def run_concurrently(
+    *calls: tuple[Workers, Callable, Sequence[tuple] | None], timeout_s: float | None = None
+) -> list[list[Any]]:
+    """Run every (workers, method, args_per_rank) at the same time and wait for all; results per call.
+
+    For a collective that spans worker groups (a refit broadcast from a policy rank to the
+    generation workers): each member blocks until the others join, so calling one group after the
+    other would deadlock. Ray workers are started first; in-process (local) workers run in threads
+    meanwhile. The first failure is raised at once, naming its worker; `TimeoutError` after
+    `timeout_s` (the calls themselves go on)."""
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(calls))
+    refs: list = []
+    names: list[str] = []
+    slots: list[slice | concurrent.futures.Future] = []
+    try:
+        for workers, method, args in calls:  # Ray first: local calls may block until they join
+            if isinstance(workers, RayWorkers):
+                started = workers.submit(method, args)
+                slots.append(slice(len(refs), len(refs) + len(started)))
+                refs += started
+                names += workers.names[: len(started)]
+            else:
+                slots.append(None)
+        for i, (workers, method, args) in enumerate(calls):
+            if slots[i] is None:
+                slots[i] = pool.submit(workers.run, method, args)
+        local = [slot for slot in slots if isinstance(slot, concurrent.futures.Future)]
+        values = _wait_all(refs, names, local, timeout_s)
+    finally:
+        pool.shutdown(wait=False)
+    return [values[slot] if isinstance(slot, slice) else slot.result() for slot in slots]
+
+
+def _wait_all(refs: list, names: Sequence[str], local: list, timeout_s: float | None) -> list[Any]:
+    """Values of all Ray refs once every ref and every local future is done; a failure on either side
+    is raised as soon as it happens."""
+    if not local and timeout_s is None:
+        return get_named(refs, names) if refs else []
+    import concurrent.futures
+    import time
+
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    while pending or not all(f.done() for f in local):
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"workers did not finish within {timeout_s} s")
+        for future in local:
+            if future.done() and future.exception() is not None:
+                raise future.exception()
+        if pending:
+            import ray
+
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.05)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    raise WorkerError(f"worker {names[index[ref]]} failed:\n{e}") from None
+        else:
+            concurrent.futures.wait(local, timeout=0.05, return_when=concurrent.futures.FIRST_EXCEPTION)
+    for future in local:
+        future.result()
+    if not refs:
+        return []
+    import ray
+
     return ray.get(refs)
 
 

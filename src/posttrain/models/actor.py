@@ -15,13 +15,19 @@ from posttrain.models.generation import GenerationOutput, SamplingParams, hf_gen
 from posttrain.models.logprobs import batched_logprobs
 from posttrain.models.policy import DTYPES, Policy, load_causal_lm, pick_device
 from posttrain.models.refit import (
+    BucketLayout,
     NumpyBucket,
     PackedBucket,
+    RefitGroup,
     SharedFlatWeights,
     SharedWeightsHandle,
+    host_refit_store,
     load_packed,
     map_shared,
     pack_state_dict,
+    plan_buckets,
+    receive_buckets,
+    send_buckets,
     unpack,
     weights_checksum,
 )
@@ -80,6 +86,9 @@ class ActorPolicy(Sampling, Policy):
             self.engine = build_vllm_engine(
                 generation, cfg, kwargs["model_path"], tokenizer_path, self.device, rank=self.rank
             )
+        self.refit_group: RefitGroup | None = None
+        self._refit_store: Any = None
+        self._refit_layout: list[BucketLayout] | None = None
 
     def shared_weights_handle(self) -> SharedWeightsHandle | None:
         """Split placement on one machine: where generation workers map this rank's weights."""
@@ -94,11 +103,45 @@ class ActorPolicy(Sampling, Policy):
         """Colocated vLLM: copy the trained weights into the engine (no disk, no other process)."""
         if self.engine is None:
             return 0
-        return self.engine.load_weights(
-            # FSDP2 shards are DTensors: gather each full tensor (every rank runs this in step)
-            (name, p.full_tensor() if hasattr(p, "full_tensor") else p)
-            for name, p in self.model.named_parameters()
-        )
+        # FSDP2 shards are DTensors: gather each full tensor (every rank runs this in step)
+        return self.engine.load_weights((name, _full(p)) for name, p in self.model.named_parameters())
+
+    # ------------------------------------------------------------------ collective refit (split placement)
+    def refit_layout(self) -> list[BucketLayout]:
+        """The buckets the weights travel in: every parameter's (name, full shape, dtype), grouped by
+        dtype. The same on every rank and at every refit, so computed once."""
+        if self._refit_layout is None:
+            specs = ((name, tuple(p.shape), p.dtype) for name, p in self.model.named_parameters())
+            self._refit_layout = plan_buckets(specs)
+        return self._refit_layout
+
+    def host_refit_group(self, world_size: int) -> tuple[str, int, list[BucketLayout]]:
+        """Rank 0: start the refit group's rendezvous; returns (address, port, bucket layout) for the
+        generation workers, which keep the layout for every later refit."""
+        self._refit_store, address, port = host_refit_store(world_size)
+        return address, port, self.refit_layout()
+
+    def join_refit_group(self, world_size: int) -> None:
+        """Rank 0: become rank 0 of the refit group (returns once every generation worker has joined)."""
+        self.refit_group = RefitGroup(self._refit_store, 0, world_size, self.device)
+
+    def broadcast_weights(self) -> int:
+        """Collective refit; every rank runs it (under FSDP each bucket's full tensors are gathered, a
+        collective of the training group), rank 0 broadcasts the buckets. Returns the bytes sent."""
+        if self.rank == 0 and self.refit_group is None:
+            raise RuntimeError("broadcast_weights before join_refit_group")
+        params = dict(self.model.named_parameters())
+
+        def tensors_of(layout: BucketLayout) -> dict[str, torch.Tensor]:
+            return {name: _full(params[name]) for name, _, _ in layout.entries}
+
+        with torch.no_grad():
+            return send_buckets(self.refit_group, self.refit_layout(), tensors_of)
+
+    def close_refit_group(self) -> None:
+        if self.refit_group is not None:
+            self.refit_group.close()
+        self.refit_group = self._refit_store = None
 
     def engine_checksum(self) -> tuple[float, float] | None:
         return None if self.engine is None else self.engine.checksum()
@@ -152,6 +195,8 @@ class GenerationWorker(Sampling):
         self.device = pick_device(gpus)
         self.engine = None
         self.shared_views: list[tuple[str, torch.Tensor]] | None = None
+        self.refit_group: RefitGroup | None = None
+        self.refit_layout: list[BucketLayout] = []
         if generation is not None and generation.backend == "vllm":
             self.engine = build_vllm_engine(
                 generation, cfg, model_path, tokenizer_path, self.device, rank=rank
@@ -170,6 +215,24 @@ class GenerationWorker(Sampling):
             return self.engine.load_weights(unpack(buckets))
         return load_packed(self.model, buckets)
 
+    def join_refit_group(
+        self, address: str, port: int, rank: int, world_size: int, layout: list[BucketLayout]
+    ) -> None:
+        """Join the policy's refit group as `rank` (> 0) and keep the bucket layout for every refit."""
+        self.refit_layout = layout
+        self.refit_group = RefitGroup.connect(address, port, rank, world_size, self.device)
+
+    def receive_weights(self) -> int:
+        """Collective refit: receive each bucket that policy rank 0 broadcasts and load it at once."""
+        if self.refit_group is None:
+            raise RuntimeError("receive_weights before join_refit_group")
+        return sum(self.load_weights([b]) for b in receive_buckets(self.refit_group, self.refit_layout))
+
+    def close_refit_group(self) -> None:
+        if self.refit_group is not None:
+            self.refit_group.close()
+            self.refit_group = None
+
     def load_shared(self, handle: SharedWeightsHandle) -> int:
         """Load the policy's current weights from its shared-memory buffers (mapped on first use)."""
         if self.shared_views is None:
@@ -186,6 +249,17 @@ class GenerationWorker(Sampling):
         if self.engine is not None:
             return self.engine.checksum()
         return weights_checksum(self.model.parameters())
+
+    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        """HF backend: a copy of the weights this worker samples with (for tests and debugging)."""
+        if self.engine is not None:
+            raise NotImplementedError("the vLLM backend's weights are compared by parameters_checksum")
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a parameter: FSDP2 shards are DTensors, gathered (a collective) here."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def engine_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str:

@@ -131,6 +131,8 @@ class GRPOTrainer:
         self.checkpointer = make_checkpointer(self.run_dir / "checkpoints", cfg.checkpoint)
         # the policy trains softmax(logits / T), the distribution rollouts are sampled from
         policy_cfg = cfg.policy.model_copy(update={"logprob_temperature": cfg.generation.temperature or 1.0})
+        self.split = cfg.generation.placement == "split"
+        transport = cfg.generation.resolved_refit_transport(cfg.cluster) if self.split else None
         self.policy = ActorGroup(
             policy_cfg,
             cfg.cluster,
@@ -139,14 +141,10 @@ class GRPOTrainer:
             tokenizer_path=tokenizer_path,
             reference=cfg.loss.kl_beta > 0,
             generation=None if cfg.generation.placement == "split" else cfg.generation,
-            # split on one CPU machine: generation workers read the weights from shared memory
-            shared_weights=cfg.generation.placement == "split"
-            and cfg.generation.shared_memory_refit
-            and cfg.cluster.num_nodes == 1
-            and cfg.cluster.gpus_per_node == 0,
+            # generation workers map the policy's weights, which then live in shared memory
+            shared_weights=transport == "shared_memory",
         )
         self.generator: ActorGroup | GenerationGroup = self.policy
-        self.split = cfg.generation.placement == "split"
         # weights move to a separate engine after every update: split workers or a colocated vLLM
         self.refits = self.split or cfg.generation.backend == "vllm"
         dtype = engine_dtype(cfg.generation, cfg.policy)
@@ -158,6 +156,7 @@ class GRPOTrainer:
                 cfg.cluster,
                 model_path=self.model_path,
                 tokenizer_path=tokenizer_path,
+                transport=transport,
             )
         self.environment = EnvironmentGroup(
             cfg.environment.name,
@@ -393,10 +392,13 @@ class GRPOTrainer:
         logger = MetricsLogger(
             cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step, config=cfg
         )
+        placement = cfg.generation.placement
+        if self.split:
+            placement += f", refit via {self.generator.transport}"
         logger.info(
             f"GRPO: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
             f"{cfg.grpo.prompts_per_step} prompts x {cfg.grpo.generations_per_prompt} generations per step; "
-            f"{self.total_steps} steps; generation {cfg.generation.backend} ({cfg.generation.placement}); "
+            f"{self.total_steps} steps; generation {cfg.generation.backend} ({placement}); "
             f"run dir {self.run_dir}" + (f"; resumed from {resume_from}" if resume_from else "")
         )
 
