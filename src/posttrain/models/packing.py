@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from posttrain.models.attention import PACKED_ATTENTION, attention_implementation
+from posttrain.models.attention import PACKED_ATTENTION, attention_implementation, gqa_sdpa_attention
 
 
 @dataclass
@@ -72,29 +71,19 @@ def packed_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
     packed_layout: PackedLayout | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Causal attention of each packed sequence on itself; same signature as transformers' attention functions.
 
     query [1, Hq, N, D], key/value [1, Hkv, N, D] -> output [1, N, Hq, D] (the layout HF's
-    attention functions return)."""
+    attention functions return). `kwargs` (dropout, scaling) go to `gqa_sdpa_attention`."""
     if packed_layout is None:
         raise RuntimeError(f"attention '{PACKED_ATTENTION}' runs only inside packed_hidden_states")
     packed_layout.attention_calls += 1
     q, k, v = (_to_grid(x, packed_layout) for x in (query, key, value))
-    out = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        is_causal=True,
-        scale=scaling,
-        dropout_p=dropout if module.training else 0.0,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
-    out = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])  # [B * L, Hq, D]
+    out, _ = gqa_sdpa_attention(module, q, k, v, None, is_causal=True, **kwargs)  # [B, L, Hq, D]
+    out = out.reshape(-1, out.shape[2], out.shape[3])  # [B * L, Hq, D]
     return out.index_select(0, packed_layout.grid_index).unsqueeze(0), None
 
 

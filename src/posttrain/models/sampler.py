@@ -16,7 +16,8 @@ leaves the global RNG alone.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -134,7 +135,22 @@ def _hits_stop_string(tokens: list[int], stop_strings: tuple[str, ...], tokenize
     return any(s in text for s in stop_strings)
 
 
+def _with_gqa_attention(sample_fn: Callable) -> Callable:
+    """Run `sample_fn(model, ...)` with `GQA_SDPA_ATTENTION` when the model uses transformers' "sdpa"
+    (the same attention without a copy of the KV cache per layer and token for grouped-query heads)."""
+
+    @functools.wraps(sample_fn)
+    def wrapper(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if getattr(model.config, "_attn_implementation", None) != "sdpa":
+            return sample_fn(model, *args, **kwargs)
+        with attention_implementation(model, GQA_SDPA_ATTENTION):
+            return sample_fn(model, *args, **kwargs)
+
+    return wrapper
+
+
 @torch.no_grad()
+@_with_gqa_attention
 def sample(
     model: torch.nn.Module,
     prompt_ids: list[list[int]],
@@ -150,43 +166,9 @@ def sample(
     seed: int | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sampled token ids and their logprobs per prompt, each ending at EOS or a stop string, or at
-    max_new_tokens (the caller tells the two apart).
-
-    A model on transformers' "sdpa" attention decodes with `GQA_SDPA_ATTENTION` (the same
-    attention without a copy of the KV cache per layer and token for grouped-query heads)."""
+    max_new_tokens (the caller tells the two apart)."""
     if stop_strings and tokenizer is None:
         raise ValueError("stop strings need the tokenizer to decode the generated text")
-    faster = getattr(model.config, "_attn_implementation", None) == "sdpa"
-    with attention_implementation(model, GQA_SDPA_ATTENTION) if faster else nullcontext():
-        return _sample(
-            model,
-            prompt_ids,
-            max_new_tokens=max_new_tokens,
-            eos_ids=eos_ids,
-            pad_id=pad_id,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop_strings=stop_strings,
-            tokenizer=tokenizer,
-            seed=seed,
-        )
-
-
-def _sample(
-    model: torch.nn.Module,
-    prompt_ids: list[list[int]],
-    *,
-    max_new_tokens: int,
-    eos_ids: set[int],
-    pad_id: int,
-    temperature: float,
-    top_p: float,
-    top_k: int | None,
-    stop_strings: tuple[str, ...],
-    tokenizer: Any,
-    seed: int | None,
-) -> tuple[list[list[int]], list[list[float]]]:
     device = next(model.parameters()).device
     generator = None
     if seed is not None and temperature > 0:
