@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from posttrain.models.packing import packed_hidden_states
+from posttrain.models.packing import packed_hidden_states, packed_logits_at
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -130,6 +130,34 @@ def chunked_logprobs(
     return torch.cat(parts)
 
 
+def is_fsdp_module(model: torch.nn.Module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _root_forward_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    selected: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    packed: bool,
+) -> torch.Tensor:
+    """Log-probabilities [K] of `targets` from a call of the whole model (FSDP2: the root module's
+    forward is what gathers the embedding, final norm and lm_head, and its backward what
+    reduce-scatters their gradients, so the decoder and head cannot be called apart)."""
+    predictors = torch.nn.functional.pad(selected, (0, 1))  # [B, T]: position t predicts t + 1
+    if packed:
+        logits = packed_logits_at(model, input_ids, attention_mask, predictors)
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[predictors]
+    return gather_logprobs(logits / temperature if temperature != 1.0 else logits, targets)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -148,15 +176,19 @@ def token_logprobs(
     separately so that the projection skips positions that are not targets. `packed`: the decoder
     runs on the real tokens only (`posttrain.models.packing`), not on the padding.
     """
-    if packed:
-        hidden = packed_hidden_states(model, input_ids, attention_mask)
-    else:
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     selected = target_mask[:, 1:].bool()
-    hidden = hidden[:, :-1][selected]
-    if temperature != 1.0:  # logits / T == (hidden / T) @ W.T for a linear lm_head
-        hidden = hidden / temperature
-    lp = chunked_logprobs(hidden, input_ids[:, 1:][selected], model.get_output_embeddings(), chunk_size)
+    targets = input_ids[:, 1:][selected]
+    if is_fsdp_module(model):
+        lp = _root_forward_logprobs(model, input_ids, attention_mask, selected, targets, temperature, packed)
+    else:
+        if packed:
+            hidden = packed_hidden_states(model, input_ids, attention_mask)
+        else:
+            hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = hidden[:, :-1][selected]
+        if temperature != 1.0:  # logits / T == (hidden / T) @ W.T for a linear lm_head
+            hidden = hidden / temperature
+        lp = chunked_logprobs(hidden, targets, model.get_output_embeddings(), chunk_size)
     rows, cols = selected.nonzero(as_tuple=True)
     out = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)
     return out.index_put((rows, cols + 1), lp)

@@ -21,6 +21,7 @@ The result equals the padded forward up to float rounding (test: tests/functiona
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,6 @@ class PackedLayout:
     grid_index: torch.Tensor
     batch_size: int
     max_len: int
-    attention_calls: int = 0
 
     @classmethod
     def of(cls, attention_mask: torch.Tensor) -> PackedLayout:
@@ -54,6 +54,16 @@ class PackedLayout:
         positions = positions_2d[valid]
         grid_index = rows[valid] * max_len + positions
         return cls(valid, positions.unsqueeze(0), grid_index, valid.shape[0], max_len)
+
+
+class _CallCount(threading.local):
+    """Calls of `packed_attention` in this thread. (Not a field of the layout: FSDP2 copies dataclass
+    arguments when it casts forward inputs.)"""
+
+    count = 0
+
+
+_calls = _CallCount()
 
 
 def _to_grid(x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
@@ -80,11 +90,35 @@ def packed_attention(
     attention functions return). `kwargs` (dropout, scaling) go to `gqa_sdpa_attention`."""
     if packed_layout is None:
         raise RuntimeError(f"attention '{PACKED_ATTENTION}' runs only inside packed_hidden_states")
-    packed_layout.attention_calls += 1
+    _calls.count += 1
     q, k, v = (_to_grid(x, packed_layout) for x in (query, key, value))
     out, _ = gqa_sdpa_attention(module, q, k, v, None, is_causal=True, **kwargs)  # [B, L, Hq, D]
     out = out.reshape(-1, out.shape[2], out.shape[3])  # [B * L, Hq, D]
     return out.index_select(0, packed_layout.grid_index).unsqueeze(0), None
+
+
+def _packed_forward(
+    module: torch.nn.Module,
+    model: torch.nn.Module,
+    layout: PackedLayout,
+    input_ids: torch.Tensor,
+    **kwargs: Any,
+) -> Any:
+    """`module` (the decoder or the whole model) on the packed [1, N] row, with packed attention."""
+    before = _calls.count
+    with attention_implementation(model, PACKED_ATTENTION):
+        out = module(
+            input_ids=input_ids[layout.valid].unsqueeze(0),
+            position_ids=layout.positions,
+            packed_layout=layout,
+            **kwargs,
+        )
+    if _calls.count == before:  # the sequences attended to each other: refuse the result
+        raise RuntimeError(
+            f"{type(model).__name__} does not call attention through transformers' AttentionInterface, "
+            "so its sequences cannot be packed; set policy.packed_sequences=false"
+        )
+    return out
 
 
 def packed_hidden_states(
@@ -94,16 +128,21 @@ def packed_hidden_states(
 
     Padding positions are 0. `model` is a Hugging Face causal LM (its `base_model` is the decoder)."""
     layout = PackedLayout.of(attention_mask)
-    with attention_implementation(model, PACKED_ATTENTION):
-        packed = model.base_model(
-            input_ids=input_ids[layout.valid].unsqueeze(0),
-            position_ids=layout.positions,
-            packed_layout=layout,
-        ).last_hidden_state[0]  # [N, H]
-    if layout.attention_calls == 0:  # the sequences attended to each other: refuse the result
-        raise RuntimeError(
-            f"{type(model).__name__} does not call attention through transformers' AttentionInterface, "
-            "so its sequences cannot be packed; set policy.packed_sequences=false"
-        )
+    packed = _packed_forward(model.base_model, model, layout, input_ids).last_hidden_state[0]  # [N, H]
     hidden = packed.new_zeros(*input_ids.shape, packed.shape[-1])
     return hidden.index_put((layout.valid,), packed)
+
+
+def packed_logits_at(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """Logits [K, V] of a causal LM at the K real positions set in `positions` ([B, T] bool), in
+    row-major order, from one call of the whole model (its lm_head runs on those K positions only,
+    through transformers' `logits_to_keep`)."""
+    layout = PackedLayout.of(attention_mask)
+    flat = torch.full(attention_mask.shape, -1, dtype=torch.long, device=attention_mask.device)
+    flat[layout.valid] = torch.arange(int(layout.valid.sum()), device=attention_mask.device)
+    keep = flat[positions.bool()]
+    if bool((keep < 0).any()):
+        raise ValueError("packed_logits_at: a requested position is padding")
+    return _packed_forward(model, model, layout, input_ids, logits_to_keep=keep).logits[0]

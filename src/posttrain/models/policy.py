@@ -211,10 +211,23 @@ class Policy:
 
     # ------------------------------------------------------------------ state
     def parameters_checksum(self, dtype: str | None = None) -> tuple[float, float]:
-        """(Σw, Σw²) in fp64, of the weights cast to `dtype` if given: a cheap fingerprint for tests and refit checks."""
-        return weights_checksum(self.model.parameters(), DTYPES[dtype] if dtype else None)
+        """(Σw, Σw²) in fp64, of the weights cast to `dtype` if given: a cheap fingerprint for tests and refit checks.
+
+        Under FSDP2 (a collective) every rank sums its own shard and the sums are added over ranks."""
+        cast = DTYPES[dtype] if dtype else None
+        if not self.sharded:
+            return weights_checksum(self.model.parameters(), cast)
+        local = weights_checksum([p.to_local() for p in self.model.parameters()], cast)
+        sums = torch.tensor(local, dtype=torch.float64, device=self.device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        return float(sums[0]), float(sums[1])
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        """Full tensors on CPU (under FSDP2 a collective: every rank must call it)."""
+        if self.sharded:
+            from posttrain.models.fsdp import full_model_state
+
+            return full_model_state(self.model)
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     @property
