@@ -71,11 +71,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local 2-CPU Ray cluster shared by the Ray tests, shut down at the end."""
+    """A local Ray cluster shared by the Ray tests, shut down at the end. 3 logical CPUs on the 2-core
+    machine, so that 2 FSDP policy workers and a generation worker fit (OMP_NUM_THREADS=1 each)."""
     import ray
 
     ray.init(
-        num_cpus=2,
+        num_cpus=3,
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}},

@@ -119,6 +119,31 @@ def test_grpo_two_steps_on_ray(ray_cluster, tiny_model_dir, tmp_path, placement)
         assert all(h["timing/refit"] > 0 and h["refit/probe_mult_prob_error"] <= 1.01 for h in train)
 
 
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", ["colocated", "split"])
+def test_grpo_two_steps_fsdp2_on_two_cpu_workers(ray_cluster, tiny_model_dir, tmp_path, placement):
+    """FSDP2 over gloo: each rank samples with the sharded model (colocated), or the full weights are
+    gathered shard by shard into the collective refit (split); the logprob gate checks the refits."""
+    cfg = _grpo_cfg(
+        tiny_model_dir,
+        tmp_path / placement,
+        **{
+            "cluster.backend": "ray",
+            "cluster.num_workers": 2,
+            "cluster.cpus_per_worker": 1,
+            "policy.fsdp": True,
+            "generation.placement": placement,
+            "generation.refit_transport": "collective",
+            "generation.refit_check.mode": "logprobs",
+        },
+    )
+    result = run_grpo(cfg)
+    _check_run(result)
+    if placement == "split":
+        train = [h for h in result.history if "reward/mean" in h]
+        assert all(h["refit/probe_mult_prob_error"] <= 1.01 for h in train)
+
+
 def test_failing_verifier_does_not_stop_the_run(tiny_model_dir, tmp_path):
     cfg = _grpo_cfg(
         tiny_model_dir,

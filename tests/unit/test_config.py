@@ -128,3 +128,8 @@ def test_refit_transport_auto_and_impossible_choices():
     load_config(GRPOConfig, None, ["generation.refit_transport=shared_memory", "cluster.gpus_per_node=8"])
     with pytest.raises(ConfigError, match="Did you mean `generation.refit_transport`"):
         load_config(GRPOConfig, None, ["generation.refit_transpor=collective"])
+
+
+def test_reward_model_training_refuses_fsdp():
+    with pytest.raises(ConfigError, match="does not support policy.fsdp"):
+        load_config(ALGORITHM_CONFIGS["rm"], None, ["policy.fsdp=true"])

@@ -72,7 +72,11 @@ class PolicyConfig(Strict):
         "On a 2-core CPU, SFT steps get 6-10% faster after 20-70 s of compiling (cold cache): worth it "
         "for runs of hundreds of steps, not for the 60-step quickstart. See benchmarks/sft_mfu.py.",
     )
-    fsdp: bool = Field(False, description="Shard with FSDP2 (fully_shard); CUDA only.")
+    fsdp: bool = Field(
+        False,
+        description="Shard parameters, gradients and optimizer state over the policy workers with FSDP2 "
+        "(fully_shard): NCCL on GPUs; on CPU it runs over gloo (tested, slower than plain data parallelism).",
+    )
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     seed: int = 0
@@ -714,6 +718,14 @@ class RMConfig(Strict):
     cluster: ClusterConfig = ClusterConfig()
     checkpoint: CheckpointConfig = CheckpointConfig(save_every=30)
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _no_fsdp(self) -> RMConfig:
+        if self.policy.fsdp:  # scores come from the decoder and the score head called apart
+            raise ValueError(
+                "reward-model training does not support policy.fsdp=true yet; use data parallelism"
+            )
+        return self
 
 
 ALGORITHM_CONFIGS.update({"dpo": DPOConfig, "rm": RMConfig})

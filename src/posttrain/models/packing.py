@@ -21,8 +21,6 @@ The result equals the padded forward up to float rounding (test: tests/functiona
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,40 +28,32 @@ import torch
 from posttrain.models.attention import PACKED_ATTENTION, attention_implementation, gqa_sdpa_attention
 
 
-@dataclass
 class PackedLayout:
     """Where the N real tokens of a [B, T] batch go.
 
     valid: [B, T] bool, the attention mask. positions: [1, N] position of each token within its
     sequence. grid_index: [N] flat index of each token in the [B, L] attention grid (b * L + position).
+    attention_calls: how many attention layers ran `packed_attention` with this layout.
+
+    A plain class, not a dataclass: FSDP2 rebuilds dataclass arguments when it casts forward
+    inputs, and the call count must reach the original (torch.compile replays the attribute update).
     """
 
-    valid: torch.Tensor
-    positions: torch.Tensor
-    grid_index: torch.Tensor
-    batch_size: int
-    max_len: int
+    def __init__(self, attention_mask: torch.Tensor) -> None:
+        valid = attention_mask.bool()
+        lengths = valid.sum(-1)
+        self.valid = valid
+        self.batch_size = valid.shape[0]
+        self.max_len = int(lengths.max()) if lengths.numel() else 0
+        rows = torch.arange(valid.shape[0], device=valid.device).unsqueeze(1).expand_as(valid)
+        positions = (valid.long().cumsum(-1) - 1)[valid]
+        self.positions = positions.unsqueeze(0)
+        self.grid_index = rows[valid] * self.max_len + positions
+        self.attention_calls = 0
 
     @classmethod
     def of(cls, attention_mask: torch.Tensor) -> PackedLayout:
-        valid = attention_mask.bool()
-        positions_2d = valid.long().cumsum(-1) - 1
-        lengths = valid.sum(-1)
-        max_len = int(lengths.max()) if lengths.numel() else 0
-        rows = torch.arange(valid.shape[0], device=valid.device).unsqueeze(1).expand_as(valid)
-        positions = positions_2d[valid]
-        grid_index = rows[valid] * max_len + positions
-        return cls(valid, positions.unsqueeze(0), grid_index, valid.shape[0], max_len)
-
-
-class _CallCount(threading.local):
-    """Calls of `packed_attention` in this thread. (Not a field of the layout: FSDP2 copies dataclass
-    arguments when it casts forward inputs.)"""
-
-    count = 0
-
-
-_calls = _CallCount()
+        return cls(attention_mask)
 
 
 def _to_grid(x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
@@ -90,7 +80,7 @@ def packed_attention(
     attention functions return). `kwargs` (dropout, scaling) go to `gqa_sdpa_attention`."""
     if packed_layout is None:
         raise RuntimeError(f"attention '{PACKED_ATTENTION}' runs only inside packed_hidden_states")
-    _calls.count += 1
+    packed_layout.attention_calls += 1
     q, k, v = (_to_grid(x, packed_layout) for x in (query, key, value))
     out, _ = gqa_sdpa_attention(module, q, k, v, None, is_causal=True, **kwargs)  # [B, L, Hq, D]
     out = out.reshape(-1, out.shape[2], out.shape[3])  # [B * L, Hq, D]
@@ -105,7 +95,6 @@ def _packed_forward(
     **kwargs: Any,
 ) -> Any:
     """`module` (the decoder or the whole model) on the packed [1, N] row, with packed attention."""
-    before = _calls.count
     with attention_implementation(model, PACKED_ATTENTION):
         out = module(
             input_ids=input_ids[layout.valid].unsqueeze(0),
@@ -113,7 +102,7 @@ def _packed_forward(
             packed_layout=layout,
             **kwargs,
         )
-    if _calls.count == before:  # the sequences attended to each other: refuse the result
+    if layout.attention_calls == 0:  # the sequences attended to each other: refuse the result
         raise RuntimeError(
             f"{type(model).__name__} does not call attention through transformers' AttentionInterface, "
             "so its sequences cannot be packed; set policy.packed_sequences=false"

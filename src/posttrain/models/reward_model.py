@@ -100,6 +100,10 @@ class RewardPolicy(Policy):
     """A `Policy` whose model is a scalar reward model; `train` hands the loss scores [B] instead of logprobs."""
 
     def __init__(self, cfg: Any, *, pad_token_id: int, **kwargs: Any) -> None:
+        if cfg.fsdp:  # sequence_scores calls the decoder and the score head apart, which FSDP2 does not allow
+            raise ValueError(
+                "reward-model training does not support policy.fsdp=true yet; use data parallelism"
+            )
         self.pad_token_id = pad_token_id
         super().__init__(cfg, **kwargs)
 
