@@ -120,10 +120,12 @@ def test_grpo_two_steps_on_ray(ray_cluster, tiny_model_dir, tmp_path, placement)
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("placement", ["colocated", "split"])
+@pytest.mark.parametrize("placement", ["colocated", "split", "split_object_store"])
 def test_grpo_two_steps_fsdp2_on_two_cpu_workers(ray_cluster, tiny_model_dir, tmp_path, placement):
     """FSDP2 over gloo: each rank samples with the sharded model (colocated), or the full weights are
-    gathered shard by shard into the collective refit (split); the logprob gate checks the refits."""
+    gathered from the shards for the refit (split: auto = collective; and the object store); the
+    logprob gate checks the refits."""
+    placement_name, _, transport = placement.partition("_")
     cfg = _grpo_cfg(
         tiny_model_dir,
         tmp_path / placement,
@@ -132,14 +134,14 @@ def test_grpo_two_steps_fsdp2_on_two_cpu_workers(ray_cluster, tiny_model_dir, tm
             "cluster.num_workers": 2,
             "cluster.cpus_per_worker": 1,
             "policy.fsdp": True,
-            "generation.placement": placement,
-            "generation.refit_transport": "collective",
+            "generation.placement": placement_name,
+            "generation.refit_transport": transport or "auto",
             "generation.refit_check.mode": "logprobs",
         },
     )
     result = run_grpo(cfg)
     _check_run(result)
-    if placement == "split":
+    if placement != "colocated":
         train = [h for h in result.history if "reward/mean" in h]
         assert all(h["refit/probe_mult_prob_error"] <= 1.01 for h in train)
 

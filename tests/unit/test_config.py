@@ -106,9 +106,16 @@ def test_refit_transport_auto_and_impossible_choices():
     for (nodes, gpus, backend), want in picks.items():
         cluster = ClusterConfig(num_nodes=nodes, gpus_per_node=gpus, backend=backend)
         assert auto.resolved_refit_transport(cluster) == want, (nodes, gpus, backend)
+    # an FSDP2-sharded policy on one CPU machine: no process holds the whole weights to share
+    assert auto.resolved_refit_transport(ClusterConfig(backend="ray"), sharded=True) == "collective"
+    assert auto.resolved_refit_transport(ClusterConfig(backend="local"), sharded=True) == "object_store"
     explicit = GenerationConfig(refit_transport="collective")
     assert explicit.resolved_refit_transport(ClusterConfig()) == "collective"
     split = ["generation.placement=split"]
+    with pytest.raises(ConfigError, match="cannot serve an FSDP2-sharded policy"):
+        load_config(
+            GRPOConfig, None, [*split, "generation.refit_transport=shared_memory", "policy.fsdp=true"]
+        )
     with pytest.raises(ConfigError, match="shared_memory needs one CPU machine"):
         load_config(
             GRPOConfig, None, [*split, "generation.refit_transport=shared_memory", "cluster.gpus_per_node=8"]

@@ -371,19 +371,25 @@ class GenerationConfig(Strict):
         "GPUs on Ray, object_store otherwise (CPU across machines, or GPUs with cluster.backend=local).",
     )
 
-    def resolved_refit_transport(self, cluster: ClusterConfig) -> RefitTransport:
-        """The transport `auto` stands for on this cluster (an explicit choice is returned as is)."""
+    def resolved_refit_transport(self, cluster: ClusterConfig, sharded: bool = False) -> RefitTransport:
+        """The transport `auto` stands for on this cluster (an explicit choice is returned as is).
+        `sharded`: the policy is sharded with FSDP2 (its weights are not whole in any one process)."""
         if self.refit_transport != "auto":
             return self.refit_transport
-        if cluster.gpus_per_node == 0 and cluster.num_nodes == 1:
+        if cluster.gpus_per_node == 0 and cluster.num_nodes == 1 and not sharded:
             return "shared_memory"
-        if cluster.gpus_per_node > 0 and cluster.backend == "ray":
+        if (cluster.gpus_per_node > 0 or sharded) and cluster.backend == "ray":
             return "collective"
         return "object_store"
 
-    def check_refit_transport(self, cluster: ClusterConfig) -> None:
+    def check_refit_transport(self, cluster: ClusterConfig, sharded: bool = False) -> None:
         """Raise ValueError when split placement's refit transport cannot work on `cluster`."""
-        transport = self.resolved_refit_transport(cluster)
+        transport = self.resolved_refit_transport(cluster, sharded)
+        if transport == "shared_memory" and sharded:
+            raise ValueError(
+                "generation.refit_transport=shared_memory cannot serve an FSDP2-sharded policy "
+                "(policy.fsdp=true): no process holds the whole weights. Use refit_transport=auto"
+            )
         if transport == "shared_memory" and (cluster.gpus_per_node > 0 or cluster.num_nodes > 1):
             raise ValueError(
                 "generation.refit_transport=shared_memory needs one CPU machine (cluster.num_nodes=1, "
@@ -476,7 +482,7 @@ class GRPOConfig(Strict):
     @model_validator(mode="after")
     def _refit_transport_fits_cluster(self) -> GRPOConfig:
         if self.generation.placement == "split":
-            self.generation.check_refit_transport(self.cluster)
+            self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
         return self
 
 

@@ -52,8 +52,7 @@ class ActorGroup(PolicyGroup):
         return self.run_chunked(ActorPolicy.reference_logprobs, batch)
 
     def packed_weights(self) -> list:
-        [buckets] = self.workers.run(ActorPolicy.packed_weights, [()])
-        return buckets
+        return self.workers.run(ActorPolicy.packed_weights)[0]  # every rank: FSDP2 gathers
 
     def shared_weights_handle(self) -> SharedWeightsHandle | None:
         return self.workers.run(ActorPolicy.shared_weights_handle)[0]

@@ -164,8 +164,14 @@ class ActorPolicy(Sampling, Policy):
         )
 
     def packed_weights(self) -> list:
-        """Rank 0: the weights packed into buckets; inside Ray, put in the object store (refs, not copies)."""
-        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        """The weights packed into buckets on rank 0 (other ranks: []); inside Ray, put in the object
+        store (refs, not copies). Called on every rank: under FSDP2 the full tensors are gathered."""
+        if self.sharded:
+            state = self.state_dict_cpu()  # a collective
+        elif self.rank == 0:
+            state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        if self.rank != 0:
+            return []
         buckets = pack_state_dict(state)
         if _in_ray_worker():
             import ray

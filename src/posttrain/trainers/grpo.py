@@ -132,7 +132,9 @@ class GRPOTrainer:
         # the policy trains softmax(logits / T), the distribution rollouts are sampled from
         policy_cfg = cfg.policy.model_copy(update={"logprob_temperature": cfg.generation.temperature or 1.0})
         self.split = cfg.generation.placement == "split"
-        transport = cfg.generation.resolved_refit_transport(cfg.cluster) if self.split else None
+        transport = (
+            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.fsdp) if self.split else None
+        )
         self.policy = ActorGroup(
             policy_cfg,
             cfg.cluster,
