@@ -239,6 +239,7 @@ class Policy:
         scheduler; every rank its RNG state. With FSDP2 every rank joins the gather of the full weights
         and writes its own optimizer shard (optimizer_rank<r>.pt)."""
         path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)  # every rank writes into it, whichever comes first
         full_state = None
         if self.sharded:
             from posttrain.models.fsdp import full_model_state
