@@ -164,3 +164,31 @@ def test_one_vs_two_data_parallel_ray_workers(ray_cluster, tiny_model_dir, batch
     assert two.loss_metrics["loss"] == pytest.approx(one.loss_metrics["loss"], rel=1e-5)
     assert two.grad_norm == pytest.approx(one.grad_norm, rel=1e-5)
     _assert_close(p2, p1)
+
+
+@pytest.mark.ray
+def test_dpo_fsdp2_on_two_cpu_workers_matches_one_plain_worker(ray_cluster, tiny_model_dir, batch):
+    """DPO with the policy sharded by FSDP2 (gloo) and a replicated reference model: the step of one
+    unsharded worker (tolerances as for SFT under FSDP2: reduce-scatter order, first AdamW step)."""
+    knobs = DPO_VARIANTS["dpo_sum_sft"]
+    results = {}
+    for workers, fsdp in ((1, False), (2, True)):
+        cfg = _policy_cfg(4).model_copy(update={"fsdp": fsdp})
+        group = ActorGroup(
+            cfg,
+            ClusterConfig(backend="ray", num_workers=workers),
+            tokenizer_path=str(tiny_model_dir),
+            reference=True,
+            model_path=str(tiny_model_dir),
+            total_steps=1,
+        )
+        try:
+            _with_reference(batch, group.reference_logprobs(batch), knobs)
+            out = group.train(batch, _dpo_loss_fn(batch, knobs), float(batch.num_pairs))
+            results[workers] = (out, group.state_dict())
+        finally:
+            group.shutdown()
+    (one, p1), (two, p2) = results[1], results[2]
+    assert two.loss_metrics["loss"] == pytest.approx(one.loss_metrics["loss"], rel=1e-5)
+    assert two.grad_norm == pytest.approx(one.grad_norm, rel=1e-4)
+    _assert_close(p2, p1, tolerance=5e-5)
