@@ -21,7 +21,7 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_layout_positions_and_grid_index_by_hand():
     _, mask = padded_batch()
-    layout = PackedLayout.of(mask)
+    layout = PackedLayout(mask)
     assert layout.max_len == 10 and layout.batch_size == 3
     expected_positions = list(range(8)) + list(range(10)) + list(range(6))
     assert layout.positions.tolist() == [expected_positions]

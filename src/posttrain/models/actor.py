@@ -166,12 +166,10 @@ class ActorPolicy(Sampling, Policy):
     def packed_weights(self) -> list:
         """The weights packed into buckets on rank 0 (other ranks: []); inside Ray, put in the object
         store (refs, not copies). Called on every rank: under FSDP2 the full tensors are gathered."""
-        if self.sharded:
-            state = self.state_dict_cpu()  # a collective
-        elif self.rank == 0:
-            state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        full = self.state_dict_cpu() if self.sharded else None  # under FSDP2 a collective: every rank
         if self.rank != 0:
             return []
+        state = full or {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         buckets = pack_state_dict(state)
         if _in_ray_worker():
             import ray

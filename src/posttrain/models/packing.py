@@ -51,10 +51,6 @@ class PackedLayout:
         self.grid_index = rows[valid] * self.max_len + positions
         self.attention_calls = 0
 
-    @classmethod
-    def of(cls, attention_mask: torch.Tensor) -> PackedLayout:
-        return cls(attention_mask)
-
 
 def _to_grid(x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
     """[1, heads, N, D] -> [B, heads, L, D], zeros where a sequence has ended."""
@@ -116,7 +112,7 @@ def packed_hidden_states(
     """The decoder's last hidden states [B, T, H] for a padded batch, computed on its real tokens only.
 
     Padding positions are 0. `model` is a Hugging Face causal LM (its `base_model` is the decoder)."""
-    layout = PackedLayout.of(attention_mask)
+    layout = PackedLayout(attention_mask)
     packed = _packed_forward(model.base_model, model, layout, input_ids).last_hidden_state[0]  # [N, H]
     hidden = packed.new_zeros(*input_ids.shape, packed.shape[-1])
     return hidden.index_put((layout.valid,), packed)
@@ -128,7 +124,7 @@ def packed_logits_at(
     """Logits [K, V] of a causal LM at the K real positions set in `positions` ([B, T] bool), in
     row-major order, from one call of the whole model (its lm_head runs on those K positions only,
     through transformers' `logits_to_keep`)."""
-    layout = PackedLayout.of(attention_mask)
+    layout = PackedLayout(attention_mask)
     flat = torch.full(attention_mask.shape, -1, dtype=torch.long, device=attention_mask.device)
     flat[layout.valid] = torch.arange(int(layout.valid.sum()), device=attention_mask.device)
     keep = flat[positions.bool()]
