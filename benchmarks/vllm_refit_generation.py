@@ -69,7 +69,9 @@ def main() -> None:
     )
     parser.add_argument("--cpu-prepack", action="store_true", help="generation.vllm.cpu_prepack=true")
     parser.add_argument(
-        "--compile", action="store_true", help="generation.vllm.enforce_eager=false (torch.compile; GPU: CUDA graphs)"
+        "--compile",
+        action="store_true",
+        help="generation.vllm.enforce_eager=false (torch.compile; GPU: CUDA graphs)",
     )
     args = parser.parse_args()
 
