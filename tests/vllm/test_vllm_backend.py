@@ -111,6 +111,26 @@ def test_colocated_refit_gives_logprob_parity_and_the_gate_catches_a_skip(actor,
     )
 
 
+def _copy_plans(worker) -> list[int | None]:
+    """Runs inside vLLM's worker: the number of destinations of each recorded CopyPlan (None: none)."""
+    plans = worker.__dict__.get("posttrain_copy_plans", {})
+    return [None if plan is None else len(plan.destinations) for plan in plans.values()]
+
+
+def test_later_refits_copy_through_the_recorded_plan(actor, tokenizer):
+    """The first refit of a set of names goes through vLLM's loader and records where each tensor
+    lands (CopyPlan); the next refit is plain copies into those places and must give parity too."""
+    actor.model.config.use_cache = False
+    actor.refit_engine()
+    [plans] = actor.engine.llm.collective_rpc(_copy_plans)
+    n_params = len(list(actor.model.parameters()))
+    assert plans == [n_params]  # every HF tensor has a destination in vLLM's fused parameters
+    _train_one_step(actor, tokenizer)
+    assert _parity(actor, actor, tokenizer) > 1.02  # stale engine
+    actor.refit_engine()
+    assert _parity(actor, actor, tokenizer) <= 1.01
+
+
 def test_split_refit_gives_logprob_parity_and_the_gate_catches_corruption(actor, vllm_tiny_dir, tokenizer):
     worker = GenerationWorker(
         _policy_cfg(),
