@@ -3,7 +3,9 @@
 vLLM is imported only when an engine is built, so nothing else needs it installed. The engine
 core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): a weight update is then a copy
 from the trainer's tensors (colocated) or from the received packed buffers (split) into vLLM's
-own parameters through `LLM.collective_rpc`, with no file and no second process in between.
+own parameters through `LLM.collective_rpc`, with no file and no second process in between. The
+first update of a set of names goes through vLLM's own loader and records where each tensor lands
+(`CopyPlan`); later updates are plain copies into those places.
 
 Logprobs: vLLM is asked for `processed_logprobs`, the logprobs of the distribution it samples
 from after temperature scaling. With top-p = 1 and no top-k that is log softmax(z / T), the
