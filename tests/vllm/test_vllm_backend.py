@@ -80,6 +80,29 @@ def _parity(policy, generator, tokenizer, temperature=1.0) -> float:
     return float(token_mult_prob_error(policy.logprobs(batch), gen_logprobs, batch.loss_mask))
 
 
+def _colocated_actor(model_dir, **vllm) -> ActorPolicy:
+    """A colocated policy whose vLLM engine has the given `generation.vllm` settings."""
+    from posttrain.config.schema import VLLMConfig
+
+    actor = ActorPolicy(
+        _policy_cfg(),
+        model_path=str(model_dir),
+        total_steps=4,
+        tokenizer_path=str(model_dir),
+        generation=GenerationConfig(backend="vllm", vllm=VLLMConfig(**vllm)),
+    )
+    actor.model.config.use_cache = False
+    return actor
+
+
+def _train_then_refit_restores_parity(actor: ActorPolicy, tokenizer) -> None:
+    """After a training step the engine is stale (its logprobs differ); after a refit they match."""
+    _train_one_step(actor, tokenizer)
+    assert _parity(actor, actor, tokenizer) > 1.02  # stale engine
+    actor.refit_engine()
+    assert _parity(actor, actor, tokenizer) <= 1.01
+
+
 def test_greedy_outputs_equal_hf(actor, tokenizer):
     prompts = _prompts(tokenizer)
     params = SamplingParams(temperature=0, max_new_tokens=16)
@@ -125,10 +148,7 @@ def test_later_refits_copy_through_the_recorded_plan(actor, tokenizer):
     [plans] = actor.engine.llm.collective_rpc(_copy_plans)
     n_params = len(list(actor.model.parameters()))
     assert plans == [n_params]  # every HF tensor has a destination in vLLM's fused parameters
-    _train_one_step(actor, tokenizer)
-    assert _parity(actor, actor, tokenizer) > 1.02  # stale engine
-    actor.refit_engine()
-    assert _parity(actor, actor, tokenizer) <= 1.01
+    _train_then_refit_restores_parity(actor, tokenizer)
 
 
 def test_split_refit_gives_logprob_parity_and_the_gate_catches_corruption(actor, vllm_tiny_dir, tokenizer):
@@ -217,44 +237,20 @@ def _count_repackable(worker) -> int:
 def test_cpu_prepack_refit_gives_logprob_parity(vllm_tiny_dir, tokenizer):
     """generation.vllm.cpu_prepack=true: vLLM's packed matmul weights are rebuilt after a refit (without
     the rebuild the engine keeps sampling from the old weights: token_mult_prob_error ~1.09 here)."""
-    from posttrain.config.schema import VLLMConfig
-
-    actor = ActorPolicy(
-        _policy_cfg(),
-        model_path=str(vllm_tiny_dir),
-        total_steps=4,
-        tokenizer_path=str(vllm_tiny_dir),
-        generation=GenerationConfig(backend="vllm", vllm=VLLMConfig(cpu_prepack=True)),
-    )
-    actor.model.config.use_cache = False
+    actor = _colocated_actor(vllm_tiny_dir, cpu_prepack=True)
     assert actor.engine.llm.collective_rpc(_count_repackable)[0] > 0
     assert _parity(actor, actor, tokenizer) <= 1.01
-    _train_one_step(actor, tokenizer)
-    assert _parity(actor, actor, tokenizer) > 1.02  # stale engine
-    actor.refit_engine()
-    assert _parity(actor, actor, tokenizer) <= 1.01
+    _train_then_refit_restores_parity(actor, tokenizer)
 
 
 def test_compiled_engine_refit_gives_logprob_parity(vllm_tiny_dir, tokenizer, tmp_path, monkeypatch):
     """generation.vllm.enforce_eager=false: vLLM compiles the model (torch.compile, inductor on CPU; a
     fresh compile cache, so it really compiles). The compiled graph must read the parameters a refit
     writes into: stale before the refit, parity after it."""
-    from posttrain.config.schema import VLLMConfig
-
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
-    actor = ActorPolicy(
-        _policy_cfg(),
-        model_path=str(vllm_tiny_dir),
-        total_steps=4,
-        tokenizer_path=str(vllm_tiny_dir),
-        generation=GenerationConfig(backend="vllm", vllm=VLLMConfig(enforce_eager=False)),
-    )
-    actor.model.config.use_cache = False
+    actor = _colocated_actor(vllm_tiny_dir, enforce_eager=False)
     assert _parity(actor, actor, tokenizer) <= 1.01
-    _train_one_step(actor, tokenizer)
-    assert _parity(actor, actor, tokenizer) > 1.02  # stale engine
-    actor.refit_engine()
-    assert _parity(actor, actor, tokenizer) <= 1.01
+    _train_then_refit_restores_parity(actor, tokenizer)
     assert list((tmp_path / "vllm_cache").rglob("*")), "vLLM compiled nothing"
 
 
