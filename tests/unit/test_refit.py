@@ -94,6 +94,19 @@ def test_bucket_plan_groups_by_dtype_and_gives_a_large_tensor_its_own_bucket():
     assert fp32.entries == (("a", (2, 3), 0), ("c", (4,), 6)) and bf16.numel == 2
 
 
+def test_cast_packs_floating_tensors_in_the_receivers_dtype_and_leaves_integers():
+    state = {**_state(), "i": torch.tensor([7, -3], dtype=torch.int64)}
+    [bf16, int64] = plan_buckets(
+        ((k, tuple(v.shape), v.dtype) for k, v in state.items()), cast=torch.bfloat16
+    )
+    # a (6) and c (4) join b (2) in one bf16 bucket, in the order given: a, b, c
+    assert bf16.dtype == torch.bfloat16 and bf16.entries == (("a", (2, 3), 0), ("b", (2,), 6), ("c", (4,), 8))
+    assert bf16.nbytes == 12 * 2 and int64.entries == (("i", (2,), 0),)
+    unpacked = dict(unpack(pack_state_dict(state, cast=torch.bfloat16)))
+    assert unpacked["a"].dtype == torch.bfloat16 and torch.equal(unpacked["a"], state["a"].to(torch.bfloat16))
+    assert torch.equal(unpacked["i"], state["i"])
+
+
 def test_collective_broadcast_gives_every_receiver_the_exact_tensors():
     """Rank 0 and two receivers in threads of this process, gloo: the real group and bucket code."""
     state = {**_state(), "d": torch.randn(5, 7)}

@@ -230,6 +230,54 @@ def test_bf16_engine_under_fp32_policy(vllm_tiny_dir, tokenizer):
     assert 1.0 < _parity(actor, actor, tokenizer) <= 1.05
 
 
+def test_weights_travel_in_the_bf16_engine_dtype_from_an_fp32_policy(vllm_tiny_dir, tokenizer):
+    """Split placement, generation.vllm.dtype=bfloat16 under an fp32 policy: the collective and the
+    object-store transports pack the weights in bf16 (half the bytes), and the engine then holds
+    exactly the policy's weights cast to bf16 (checksum gate), after a training step too."""
+    import threading
+
+    from posttrain.config.schema import VLLMConfig
+    from posttrain.distributed.actor_group import GenerationGroup
+
+    generation = GenerationConfig(backend="vllm", placement="split", vllm=VLLMConfig(dtype="bfloat16"))
+    policy = ActorPolicy(
+        _policy_cfg(), model_path=str(vllm_tiny_dir), total_steps=4, tokenizer_path=str(vllm_tiny_dir)
+    )
+    worker = GenerationWorker(
+        _policy_cfg(), model_path=str(vllm_tiny_dir), tokenizer_path=str(vllm_tiny_dir), generation=generation
+    )
+    cast = GenerationGroup.wire_dtype_of(generation, _policy_cfg())
+    assert cast == torch.bfloat16
+    fp32_bytes = sum(p.numel() * 4 for p in policy.model.parameters())
+    check = functools.partial(
+        check_refit, GenerationConfig().refit_check, _Group(policy), _Group(worker), [], SamplingParams(), 0
+    )
+
+    address, port, layout = policy.host_refit_group(2, cast)
+    assert {bucket.dtype for bucket in layout} == {torch.bfloat16}
+    joining = threading.Thread(target=worker.join_refit_group, args=(address, port, 1, 2, layout))
+    joining.start()
+    policy.join_refit_group(2)
+    joining.join(timeout=60)
+    _train_one_step(policy, tokenizer)
+    with pytest.raises(RefitError, match="sum"):
+        check(engine_dtype="bfloat16")
+    receiving = threading.Thread(target=worker.receive_weights)
+    receiving.start()
+    assert policy.broadcast_weights(cast) == fp32_bytes // 2
+    receiving.join(timeout=60)
+    check(engine_dtype="bfloat16")
+    policy.close_refit_group()
+    worker.close_refit_group()
+
+    _train_one_step(policy, tokenizer)
+    buckets = policy.packed_weights(cast)  # the object-store transport's packing (no Ray here)
+    assert {b.buffer.dtype for b in buckets} == {torch.bfloat16}
+    assert sum(b.buffer.numel() * 2 for b in buckets) == fp32_bytes // 2
+    worker.load_weights(buckets)
+    check(engine_dtype="bfloat16")
+
+
 def _count_repackable(worker) -> int:
     return sum(hasattr(m, "posttrain_repack") for m in worker.model_runner.model.modules())
 

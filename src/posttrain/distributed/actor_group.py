@@ -10,7 +10,7 @@ from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfi
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.distributed.workers import Workers, make_workers, run_concurrently
-from posttrain.models.actor import ActorPolicy, GenerationWorker
+from posttrain.models.actor import ActorPolicy, GenerationWorker, engine_dtype
 from posttrain.models.generation import GenerationOutput, SamplingParams
 from posttrain.models.refit import SharedWeightsHandle
 
@@ -51,8 +51,8 @@ class ActorGroup(PolicyGroup):
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         return self.run_chunked(ActorPolicy.reference_logprobs, batch)
 
-    def packed_weights(self) -> list:
-        return self.workers.run(ActorPolicy.packed_weights)[0]  # every rank: FSDP2 gathers
+    def packed_weights(self, cast: torch.dtype | None = None) -> list:
+        return self.workers.run(ActorPolicy.packed_weights, cast=cast)[0]  # every rank: FSDP2 gathers
 
     def shared_weights_handle(self) -> SharedWeightsHandle | None:
         return self.workers.run(ActorPolicy.shared_weights_handle)[0]
@@ -87,6 +87,7 @@ class GenerationGroup:
     ) -> None:
         self.transport = transport
         self.refit_source: ActorGroup | None = None  # collective: the policy whose rank 0 sends
+        self.wire_dtype = self.wire_dtype_of(cfg, policy_cfg)
         gpus = 1 if cluster.gpus_per_node > 0 else 0
         kwargs = [
             dict(
@@ -108,6 +109,13 @@ class GenerationGroup:
     ) -> GenerationOutput:
         return generate_on(self.workers, GenerationWorker.generate, prompt_ids, params, batch_size)
 
+    @staticmethod
+    def wire_dtype_of(cfg: GenerationConfig, policy_cfg: PolicyConfig) -> torch.dtype | None:
+        """The dtype packed weights travel in when the engine's differs from the policy's (a bf16
+        engine under an fp32 policy: half the bytes); None: the policy's own."""
+        dtype = engine_dtype(cfg, policy_cfg)
+        return getattr(torch, dtype) if dtype != policy_cfg.dtype else None
+
     def refit(self, policy: ActorGroup) -> int:
         """Give every generation worker the policy's weights; returns tensors loaded per worker.
 
@@ -126,13 +134,15 @@ class GenerationGroup:
             count = self.workers.run(GenerationWorker.load_shared, [(handle,)] * len(self.workers))[0]
             policy.unlink_shared_weights()  # all workers have mapped the buffers
             return count
-        buckets = policy.packed_weights()
+        buckets = policy.packed_weights(self.wire_dtype)
         return self.workers.run(GenerationWorker.load_weights, [(buckets,)] * len(self.workers))[0]
 
     def _broadcast_from(self, policy: ActorGroup) -> int:
         n = len(self.workers)
         if self.refit_source is None:
-            [(address, port, layout)] = policy.workers.run(ActorPolicy.host_refit_group, [(n + 1,)])
+            [(address, port, layout)] = policy.workers.run(
+                ActorPolicy.host_refit_group, [(n + 1, self.wire_dtype)]
+            )
             # every member blocks in the group's constructor until all have joined: start them together
             run_concurrently(
                 (policy.workers, ActorPolicy.join_refit_group, [(n + 1,)]),
@@ -145,7 +155,7 @@ class GenerationGroup:
             self.refit_source = policy
         # every policy rank joins (FSDP gathers each bucket); rank 0 sends
         _, received = run_concurrently(
-            (policy.workers, ActorPolicy.broadcast_weights, None),
+            (policy.workers, ActorPolicy.broadcast_weights, [(self.wire_dtype,)] * len(policy.workers)),
             (self.workers, GenerationWorker.receive_weights, None),
         )
         return received[0]

@@ -88,7 +88,7 @@ class ActorPolicy(Sampling, Policy):
             )
         self.refit_group: RefitGroup | None = None
         self._refit_store: Any = None
-        self._refit_layout: list[BucketLayout] | None = None
+        self._refit_layouts: dict[torch.dtype | None, list[BucketLayout]] = {}
 
     def shared_weights_handle(self) -> SharedWeightsHandle | None:
         """Split placement on one machine: where generation workers map this rank's weights."""
@@ -107,27 +107,31 @@ class ActorPolicy(Sampling, Policy):
         return self.engine.load_weights((name, _full(p)) for name, p in self.model.named_parameters())
 
     # ------------------------------------------------------------------ collective refit (split placement)
-    def refit_layout(self) -> list[BucketLayout]:
+    def refit_layout(self, cast: torch.dtype | None = None) -> list[BucketLayout]:
         """The buckets the weights travel in: every parameter's (name, full shape, dtype), grouped by
-        dtype. The same on every rank and at every refit, so computed once."""
-        if self._refit_layout is None:
+        dtype (floating point cast to `cast` if given). The same on every rank and at every refit, so
+        computed once."""
+        if cast not in self._refit_layouts:
             specs = ((name, tuple(p.shape), p.dtype) for name, p in self.model.named_parameters())
-            self._refit_layout = plan_buckets(specs)
-        return self._refit_layout
+            self._refit_layouts[cast] = plan_buckets(specs, cast=cast)
+        return self._refit_layouts[cast]
 
-    def host_refit_group(self, world_size: int) -> tuple[str, int, list[BucketLayout]]:
+    def host_refit_group(
+        self, world_size: int, cast: torch.dtype | None = None
+    ) -> tuple[str, int, list[BucketLayout]]:
         """Rank 0: start the refit group's rendezvous; returns (address, port, bucket layout) for the
         generation workers, which keep the layout for every later refit."""
         self._refit_store, address, port = host_refit_store(world_size)
-        return address, port, self.refit_layout()
+        return address, port, self.refit_layout(cast)
 
     def join_refit_group(self, world_size: int) -> None:
         """Rank 0: become rank 0 of the refit group (returns once every generation worker has joined)."""
         self.refit_group = RefitGroup(self._refit_store, 0, world_size, self.device)
 
-    def broadcast_weights(self) -> int:
+    def broadcast_weights(self, cast: torch.dtype | None = None) -> int:
         """Collective refit; every rank runs it (under FSDP each bucket's full tensors are gathered, a
-        collective of the training group), rank 0 broadcasts the buckets. Returns the bytes sent."""
+        collective of the training group), rank 0 broadcasts the buckets, floating point cast to `cast`
+        (the one given to `host_refit_group`). Returns the bytes sent."""
         if self.rank == 0 and self.refit_group is None:
             raise RuntimeError("broadcast_weights before join_refit_group")
         params = dict(self.model.named_parameters())
@@ -136,7 +140,7 @@ class ActorPolicy(Sampling, Policy):
             return {name: _full(params[name]) for name, _, _ in layout.entries}
 
         with torch.no_grad():
-            return send_buckets(self.refit_group, self.refit_layout(), tensors_of)
+            return send_buckets(self.refit_group, self.refit_layout(cast), tensors_of)
 
     def close_refit_group(self) -> None:
         if self.refit_group is not None:
@@ -163,14 +167,16 @@ class ActorPolicy(Sampling, Policy):
             packed=self.cfg.packed_sequences,
         )
 
-    def packed_weights(self) -> list:
-        """The weights packed into buckets on rank 0 (other ranks: []); inside Ray, put in the object
-        store (refs, not copies). Called on every rank: under FSDP2 the full tensors are gathered."""
+    def packed_weights(self, cast: torch.dtype | None = None) -> list:
+        """The parameters (tied ones once, like the collective transport) packed into buckets on rank 0
+        (other ranks: []), floating point cast to `cast` if given; inside Ray, put in the object store
+        (refs, not copies). Called on every rank: under FSDP2 the full tensors are gathered."""
         full = self.state_dict_cpu() if self.sharded else None  # under FSDP2 a collective: every rank
         if self.rank != 0:
             return []
-        state = full or {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        buckets = pack_state_dict(state)
+        params = self.model.named_parameters()
+        state = {n: full[n] for n, _ in params} if full is not None else {n: p.detach() for n, p in params}
+        buckets = pack_state_dict(state, cast=cast)
         if _in_ray_worker():
             import ray
 

@@ -72,12 +72,16 @@ class BucketLayout:
 
 
 def plan_buckets(
-    specs: Iterable[tuple[str, tuple[int, ...], torch.dtype]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    specs: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    cast: torch.dtype | None = None,
 ) -> list[BucketLayout]:
     """Group (name, shape, dtype) by dtype into buckets of at most `bucket_bytes` (a larger tensor gets
-    a bucket of its own), in the order given within each dtype."""
+    a bucket of its own), in the order given within each dtype. `cast`: floating-point tensors travel
+    in this dtype (the receiver's, e.g. a bf16 engine under an fp32 policy: half the bytes)."""
     by_dtype: dict[torch.dtype, list[tuple[str, tuple[int, ...]]]] = {}
     for name, shape, dtype in specs:
+        dtype = cast if cast is not None and dtype.is_floating_point else dtype
         by_dtype.setdefault(dtype, []).append((name, tuple(shape)))
     layouts = []
     for dtype, items in by_dtype.items():
@@ -102,7 +106,8 @@ def pack_bucket(
     device: torch.device | str = "cpu",
     out: torch.Tensor | None = None,
 ) -> PackedBucket:
-    """Copy the layout's tensors (from `tensors`, by name) into `out` or a new buffer on `device`."""
+    """Copy the layout's tensors (from `tensors`, by name) into `out` or a new buffer on `device`,
+    cast to the layout's dtype."""
     buffer = torch.empty(layout.numel, dtype=layout.dtype, device=device) if out is None else out
     for name, shape, offset in layout.entries:
         buffer[offset : offset + math.prod(shape)].copy_(tensors[name].detach().reshape(-1))
@@ -113,8 +118,9 @@ def pack_state_dict(
     state: Mapping[str, torch.Tensor],
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     device: torch.device | str = "cpu",
+    cast: torch.dtype | None = None,
 ) -> list[PackedBucket]:
-    layouts = plan_buckets(((k, tuple(v.shape), v.dtype) for k, v in state.items()), bucket_bytes)
+    layouts = plan_buckets(((k, tuple(v.shape), v.dtype) for k, v in state.items()), bucket_bytes, cast)
     return [pack_bucket(layout, state, device) for layout in layouts]
 
 
