@@ -136,6 +136,12 @@ def test_grpo_two_steps_fsdp2_on_two_cpu_workers(ray_cluster, tiny_model_dir, tm
     )
 
 
+@pytest.mark.ray
+def test_grpo_collective_refit_from_two_data_parallel_workers(ray_cluster, tiny_model_dir, tmp_path):
+    """Plain data parallelism (no FSDP): policy rank 1 joins each broadcast call but sends nothing."""
+    _run_on_ray(tiny_model_dir, tmp_path / "dp2", "split_collective", **{"cluster.num_workers": 2})
+
+
 def test_failing_verifier_does_not_stop_the_run(tiny_model_dir, tmp_path):
     cfg = _grpo_cfg(
         tiny_model_dir,
