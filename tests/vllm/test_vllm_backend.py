@@ -206,16 +206,7 @@ class _Group:
 def test_bf16_engine_under_fp32_policy(vllm_tiny_dir, tokenizer):
     """generation.vllm.dtype=bfloat16: refits cast, the checksum gate compares the cast weights and
     still catches a skipped refit; logprobs stay close to the fp32 policy's."""
-    from posttrain.config.schema import VLLMConfig
-
-    actor = ActorPolicy(
-        _policy_cfg(),
-        model_path=str(vllm_tiny_dir),
-        total_steps=4,
-        tokenizer_path=str(vllm_tiny_dir),
-        generation=GenerationConfig(backend="vllm", vllm=VLLMConfig(dtype="bfloat16")),
-    )
-    actor.model.config.use_cache = False
+    actor = _colocated_actor(vllm_tiny_dir, dtype="bfloat16")
     cfg = GenerationConfig().refit_check
     check = functools.partial(check_refit, cfg, _Group(actor), _Group(actor), [], SamplingParams(), 0)
     check(engine_dtype="bfloat16")

@@ -10,7 +10,7 @@ from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfi
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.distributed.workers import Workers, make_workers, run_concurrently
-from posttrain.models.actor import ActorPolicy, GenerationWorker, engine_dtype
+from posttrain.models.actor import ActorPolicy, GenerationWorker, refit_cast_dtype
 from posttrain.models.generation import GenerationOutput, SamplingParams
 from posttrain.models.refit import SharedWeightsHandle
 
@@ -113,8 +113,8 @@ class GenerationGroup:
     def wire_dtype_of(cfg: GenerationConfig, policy_cfg: PolicyConfig) -> torch.dtype | None:
         """The dtype packed weights travel in when the engine's differs from the policy's (a bf16
         engine under an fp32 policy: half the bytes); None: the policy's own."""
-        dtype = engine_dtype(cfg, policy_cfg)
-        return getattr(torch, dtype) if dtype != policy_cfg.dtype else None
+        dtype = refit_cast_dtype(cfg, policy_cfg)
+        return None if dtype is None else getattr(torch, dtype)
 
     def refit(self, policy: ActorGroup) -> int:
         """Give every generation worker the policy's weights; returns tensors loaded per worker.

@@ -279,6 +279,12 @@ def engine_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str:
     return policy.dtype
 
 
+def refit_cast_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str | None:
+    """The engine's dtype when it differs from the policy's (refits cast the weights to it), else None."""
+    dtype = engine_dtype(generation, policy)
+    return dtype if dtype != policy.dtype else None
+
+
 def build_vllm_engine(
     generation: GenerationConfig,
     policy: PolicyConfig,

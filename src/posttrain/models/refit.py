@@ -68,7 +68,7 @@ class BucketLayout:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
 
 def plan_buckets(
@@ -85,12 +85,11 @@ def plan_buckets(
         by_dtype.setdefault(dtype, []).append((name, tuple(shape)))
     layouts = []
     for dtype, items in by_dtype.items():
-        itemsize = torch.empty((), dtype=dtype).element_size()
         entries: list[tuple[str, tuple[int, ...], int]] = []
         size = 0
         for name, shape in items:
             numel = math.prod(shape)
-            if entries and (size + numel) * itemsize > bucket_bytes:
+            if entries and (size + numel) * dtype.itemsize > bucket_bytes:
                 layouts.append(BucketLayout(dtype, size, tuple(entries)))
                 entries, size = [], 0
             entries.append((name, shape, size))

@@ -36,7 +36,7 @@ from posttrain.distributed.refit_check import check_refit
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
-from posttrain.models.actor import engine_dtype
+from posttrain.models.actor import refit_cast_dtype
 from posttrain.models.generation import SamplingParams
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, run_rollouts
@@ -149,8 +149,7 @@ class GRPOTrainer:
         self.generator: ActorGroup | GenerationGroup = self.policy
         # weights move to a separate engine after every update: split workers or a colocated vLLM
         self.refits = self.split or cfg.generation.backend == "vllm"
-        dtype = engine_dtype(cfg.generation, cfg.policy)
-        self.engine_dtype = dtype if dtype != cfg.policy.dtype else None  # the refit check casts to it
+        self.engine_dtype = refit_cast_dtype(cfg.generation, cfg.policy)  # the refit check casts to it
         if self.split:
             self.generator = GenerationGroup(
                 cfg.generation,
