@@ -19,9 +19,14 @@ import torch
 from posttrain.models.packing import packed_hidden_states, packed_logits_at
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32 when it is a narrower float (bf16, fp16); fp32 and fp64 stay as they are (no copy)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] for logits [N, V] and targets [N], computed in fp32."""
-    logits = logits.float()
+    """log softmax(logits)[target] for logits [N, V] and targets [N], computed in fp32 (or fp64)."""
+    logits = at_least_fp32(logits)
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
@@ -33,7 +38,7 @@ def _linear_logprobs_chunk(
     One [n, V] buffer: the logits, turned in place into exp(logits - max) and then probabilities.
     lp = logit[target] - (max + log sum exp(logits - max)), the same sum as torch.logsumexp.
     """
-    logits = (hidden @ weight.T).float()  # no copy when already fp32
+    logits = at_least_fp32(hidden @ weight.T)
     target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1)
     row_max = logits.amax(dim=1, keepdim=True)
     exp = logits.sub_(row_max).exp_()
