@@ -10,12 +10,14 @@ from posttrain.environments.interface import (
     ENVIRONMENTS,
     Environment,
     EnvStepResult,
+    EpisodeStart,
     Message,
     RewardFunctionEnvironment,
     last_assistant_content,
     make_environment,
     register_environment,
     resolve_environment,
+    task_start,
 )
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
 from posttrain.environments.reward_model import RewardModelEnvironment
@@ -27,6 +29,7 @@ __all__ = [
     "EnvStepResult",
     "EnvironmentGroup",
     "Environment",
+    "EpisodeStart",
     "MathEnvironment",
     "Message",
     "RewardFunctionEnvironment",
@@ -38,4 +41,5 @@ __all__ = [
     "math_verify_equal",
     "register_environment",
     "resolve_environment",
+    "task_start",
 ]

@@ -22,8 +22,26 @@ from typing import Any, Protocol, runtime_checkable
 
 from posttrain.environments.timeout_pool import TIMEOUT, TimeoutPool
 
-Message = dict[str, str]
-"""One chat message: {"role": "system" | "user" | "assistant" | "tool", "content": str}."""
+Message = dict[str, Any]
+"""One chat message: {"role": "system" | "user" | "assistant" | "tool", "content": str}, plus, in the
+ecosystem's tool format, "tool_calls" on an assistant message and "name" / "tool_call_id" on a tool one."""
+
+
+@dataclass
+class EpisodeStart:
+    """What `Environment.reset` returns for one task: the start of one episode.
+
+    messages: the conversation before the first assistant turn (system and user messages).
+    metadata: the episode's state (a game board, the task's answer); passed to every `step`.
+    tools: JSON schemas of the tools offered to the model (given to the chat template as `tools=`),
+        or None.
+    stop_strings: generation of the first turn also stops at these (e.g. "</action>").
+    """
+
+    messages: list[Message]
+    metadata: dict[str, Any]
+    tools: list[dict[str, Any]] | None = None
+    stop_strings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -36,6 +54,9 @@ class EnvStepResult:
     metadata: the sample's metadata, updated (passed to the next `step` of a multi-turn episode).
     info: per-sample diagnostics (e.g. "extracted_answer", "verifier_error"), read by
         `batch_metrics` and written to rollout logs; not used for training.
+    scored: False for an episode the environment could not score (a judge that failed, a broken
+        task): it is left out of the loss instead of being scored 0. Default: every sample True.
+    stop_strings: per sample, extra stop strings for its next turn (None: the configured ones).
     """
 
     rewards: list[float]
@@ -43,6 +64,8 @@ class EnvStepResult:
     done: list[bool]
     metadata: list[dict[str, Any]]
     info: list[dict[str, Any]] = field(default_factory=list)
+    scored: list[bool] = field(default_factory=list)
+    stop_strings: list[tuple[str, ...] | None] = field(default_factory=list)
 
     @classmethod
     def final(
@@ -53,14 +76,16 @@ class EnvStepResult:
         return cls(rewards, [None] * n, [True] * n, [dict(m) for m in metadata], info)
 
     def __post_init__(self) -> None:
-        if not self.info:
-            self.info = [{} for _ in self.rewards]
-        lengths = {len(x) for x in (self.rewards, self.observations, self.done, self.metadata, self.info)}
-        if len(lengths) != 1:
+        n = len(self.rewards)
+        self.info = self.info or [{} for _ in range(n)]
+        self.scored = self.scored or [True] * n
+        self.stop_strings = self.stop_strings or [None] * n
+        fields = ("rewards", "observations", "done", "metadata", "info", "scored", "stop_strings")
+        lengths = {name: len(getattr(self, name)) for name in fields}
+        if len(set(lengths.values())) != 1:
             raise ValueError(
                 "EnvStepResult fields must all have one entry per sample; got lengths "
-                f"rewards={len(self.rewards)} observations={len(self.observations)} done={len(self.done)} "
-                f"metadata={len(self.metadata)} info={len(self.info)}"
+                + " ".join(f"{k}={v}" for k, v in lengths.items())
             )
 
     def __len__(self) -> int:
@@ -75,6 +100,8 @@ class EnvStepResult:
             done=[d for x in results for d in x.done],
             metadata=[m for x in results for m in x.metadata],
             info=[i for x in results for i in x.info],
+            scored=[s for x in results for s in x.scored],
+            stop_strings=[s for x in results for s in x.stop_strings],
         )
 
 
@@ -83,14 +110,31 @@ class Environment(Protocol):
     """Scores a batch of conversations; see `EnvStepResult` for what comes back.
 
     `step` must return one entry per input sample, in input order. A failure that concerns one
-    sample (a verifier error) should score that sample (usually 0) and be recorded in `info`;
-    an exception from `step` is for failures of the whole batch and stops the run.
-    Environments may also define `close()` to release processes; `EnvironmentGroup` calls it.
+    sample (a verifier error) should score that sample (usually 0) and be recorded in `info`, or
+    leave it out of the loss (`scored=False`); an exception from `step` is for failures of the
+    whole batch and stops the run.
+
+    Optional methods (looked up with getattr; environments without them keep working):
+    - `reset(tasks, seeds) -> list[EpisodeStart]`: start one episode per task (a dataset row, all
+      its fields) from the environment's own state (a game board); without it the episode starts
+      from the task's messages and the task's other fields are the metadata (`task_start`).
+    - `close()`: release processes; `EnvironmentGroup` calls it.
     """
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult: ...
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]: ...
+
+
+def task_start(task: dict[str, Any]) -> EpisodeStart:
+    """The episode start of an environment without `reset`: the task's "messages" (a list of chat
+    messages) begin the conversation, every other field is metadata."""
+    if "messages" not in task:
+        raise ValueError(
+            f"a task needs a 'messages' field (or an environment with reset()); got fields {sorted(task)}"
+        )
+    metadata = {k: v for k, v in task.items() if k != "messages"}
+    return EpisodeStart(messages=[dict(m) for m in task["messages"]], metadata=metadata)
 
 
 def last_assistant_content(message_log: Sequence[Message]) -> str:
