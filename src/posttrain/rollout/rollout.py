@@ -1,8 +1,9 @@
 """Rollouts: each problem repeated G times under a group id, generated, scored, possibly over several turns.
 
-A trajectory is one token sequence: the prompt, then for each turn the generated tokens (loss
-mask 1, with their generation logprobs) and, if the environment answers, its observation
-rendered by the chat template (loss mask 0). Rewards of all turns are summed.
+A trajectory is one token sequence: the prompt, then for each turn the generated tokens exactly
+as generated (loss mask 1, with their generation logprobs) and, if the environment answers, its
+observation's tokens from the chat template (loss mask 0; `posttrain.data.tokenize.observation_ids`:
+the generated tokens are never re-rendered). Rewards of all turns are summed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from posttrain.data.batching import TokenBatch
 from posttrain.data.math import Problem
-from posttrain.data.tokenize import Message
+from posttrain.data.tokenize import Message, observation_ids
 from posttrain.environments.interface import EnvStepResult
 from posttrain.logging.timer import Timer
 from posttrain.models.generation import GenerationOutput, SamplingParams
@@ -85,20 +86,6 @@ class RLBatch(TokenBatch):
     reference_logprobs: torch.Tensor | None = None
 
 
-def observation_ids(
-    tokenizer: Any, history: list[Message], generated_text: str, observation: Message
-) -> list[int]:
-    """Tokens the chat template puts between the generated reply and the next assistant turn."""
-    before = tokenizer.apply_chat_template(history[:-1], tokenize=False, add_generation_prompt=True)
-    full = tokenizer.apply_chat_template([*history, observation], tokenize=False, add_generation_prompt=True)
-    prefix = before + generated_text
-    if not full.startswith(prefix):
-        raise ValueError(
-            "the chat template does not render the generated reply verbatim; multi-turn needs one that does"
-        )
-    return tokenizer(full[len(prefix) :], add_special_tokens=False)["input_ids"]
-
-
 def run_rollouts(
     problems: list[Problem],
     *,
@@ -133,7 +120,7 @@ def run_rollouts(
             break
         with timer("generation"):
             out = generator.generate([t.input_ids for t in active], params, batch_size)
-        texts = []
+        turn_ids = []  # this turn's generated tokens per active trajectory, as generated
         for t, ids, lps, truncated in zip(active, out.token_ids, out.logprobs, out.truncated, strict=True):
             room = max_seq_len - len(t.input_ids)
             t.truncated = truncated or len(ids) > room
@@ -141,9 +128,10 @@ def run_rollouts(
             t.input_ids += ids
             t.loss_mask += [1] * len(ids)
             t.generation_logprobs += lps
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            texts.append(tokenizer.decode(ids, skip_special_tokens=False))
-            t.messages.append({"role": "assistant", "content": text})
+            turn_ids.append(ids)
+            t.messages.append(
+                {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
+            )
         with timer("rewards"):
             result = environment.step([t.messages for t in active], [t.metadata for t in active])
         results.append(result)
@@ -155,7 +143,7 @@ def run_rollouts(
             observation = result.observations[j]
             t.done = result.done[j] or t.truncated or last_turn or observation is None
             if not t.done:
-                extra = observation_ids(tokenizer, t.messages, texts[j], observation)
+                extra = observation_ids(tokenizer, turn_ids[j], observation)
                 t.messages.append(observation)
                 if len(t.input_ids) + len(extra) >= max_seq_len:
                     t.done, t.truncated = True, True
