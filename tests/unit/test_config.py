@@ -1,6 +1,8 @@
+import itertools
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.cli import main
 from posttrain.config import ALGORITHM_CONFIGS, ConfigError, SFTConfig, load_config
@@ -160,3 +162,46 @@ def test_refit_transport_auto_and_impossible_choices():
 def test_reward_model_training_refuses_fsdp():
     with pytest.raises(ConfigError, match="does not support policy.fsdp"):
         load_config(ALGORITHM_CONFIGS["rm"], None, ["policy.fsdp=true"])
+
+
+def test_grpo_minibatches_must_split_over_the_policy_workers():
+    """Accepted configs are exactly those whose minibatches shard evenly (the trainer's own split);
+    on the old code 8 x 4 rollouts, updates_per_batch=3 and 2 workers were accepted and the first
+    update failed in `TokenBatch.shards`."""
+    from posttrain.config.schema import GRPOConfig
+    from posttrain.data.batching import TokenBatch
+
+    def cfg(prompts: int, generations: int, updates: int, workers: int) -> GRPOConfig:
+        overrides = {
+            "grpo.prompts_per_step": prompts,
+            "grpo.generations_per_prompt": generations,
+            "grpo.updates_per_batch": updates,
+            "cluster.num_workers": workers,
+        }
+        return load_config(GRPOConfig, None, [f"{k}={v}" for k, v in overrides.items()])
+
+    with pytest.raises(
+        ConfigError,
+        match=r"updates_per_batch=3 does not split .* 32 .* Set grpo.updates_per_batch to one of \[1, 2, 4, 8, 16\]",
+    ):
+        cfg(8, 4, 3, 2)
+    with pytest.raises(ConfigError, match="updates_per_batch=1 does not split the rollout batch of 6"):
+        cfg(3, 2, 1, 4)
+    for prompts, generations, updates, workers in itertools.product(
+        [1, 3, 4], [2, 3, 4], [1, 2, 3], [1, 2, 4]
+    ):
+        rows = prompts * generations
+        batch = TokenBatch(
+            torch.zeros(rows, 3, dtype=torch.long), torch.ones(rows, 3, dtype=torch.long), torch.ones(rows, 3)
+        )
+        try:  # the split GRPOTrainer.train_on and PolicyGroup.train make
+            [mb.shards(workers) for mb in batch.chunks(updates)]
+            splits = len(batch.chunks(updates)) == updates
+        except ValueError:
+            splits = False
+        try:
+            cfg(prompts, generations, updates, workers)
+            accepted = True
+        except ConfigError:
+            accepted = False
+        assert accepted == splits, (prompts, generations, updates, workers)

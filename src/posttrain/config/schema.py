@@ -493,6 +493,36 @@ class GRPOConfig(Strict):
             self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
         return self
 
+    @model_validator(mode="after")
+    def _minibatches_fit_workers(self) -> GRPOConfig:
+        """Each of the `updates_per_batch` minibatches must split evenly over the policy workers.
+
+        The rollout batch (prompts_per_step × generations_per_prompt sequences) is cut into
+        `updates_per_batch` contiguous minibatches whose sizes differ by at most one, and every
+        minibatch into equal shards, one per data-parallel rank (FSDP2 ranks run collectives in
+        every forward, so they must take the same microbatches). With several workers the batch
+        must therefore be a multiple of updates_per_batch × workers; one worker takes any
+        updates_per_batch up to the batch size. Otherwise the run would fail at its first update.
+        """
+        g, workers = self.grpo, self.cluster.policy_workers()
+        batch = g.prompts_per_step * g.generations_per_prompt
+        if batch % (g.updates_per_batch * workers) == 0 or (workers == 1 and g.updates_per_batch <= batch):
+            return self
+        fits = [u for u in range(1, batch + 1) if batch % (u * workers) == 0]
+        if workers == 1:
+            hint = f"Set grpo.updates_per_batch to at most {batch}"
+        elif fits:
+            hint = f"Set grpo.updates_per_batch to one of {fits}"
+        else:
+            hint = f"Make prompts_per_step × generations_per_prompt a multiple of the {workers} workers"
+        raise ValueError(
+            f"grpo.updates_per_batch={g.updates_per_batch} does not split the rollout batch of {batch} "
+            f"sequences (grpo.prompts_per_step={g.prompts_per_step} × grpo.generations_per_prompt="
+            f"{g.generations_per_prompt}) into minibatches that divide evenly over the {workers} policy "
+            f"worker(s): with several workers the batch must be a multiple of updates_per_batch × workers. "
+            f"{hint}, or change grpo.prompts_per_step or cluster.num_workers"
+        )
+
 
 ALGORITHM_CONFIGS: dict[str, type[Strict]] = {"sft": SFTConfig, "grpo": GRPOConfig}
 
