@@ -1,5 +1,5 @@
 """Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
-reward model.
+reward model, the sliding puzzle game.
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
 See docs/environments.md for writing your own.
@@ -21,6 +21,7 @@ from posttrain.environments.interface import (
 )
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
 from posttrain.environments.reward_model import RewardModelEnvironment
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
 from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "Message",
     "RewardFunctionEnvironment",
     "RewardModelEnvironment",
+    "SlidingPuzzleEnvironment",
     "TimeoutPool",
     "extract_last_boxed",
     "last_assistant_content",
