@@ -1,0 +1,289 @@
+"""SandboxPool: pre-started sandboxed interpreters, one fresh process per run, and sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import itertools
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from posttrain.config.schema import SandboxConfig
+from posttrain.sandbox.backends import UID_BASE
+from posttrain.sandbox.probe import select
+from posttrain.sandbox.process import ExecResult, Limits, SandboxError, SandboxProcess
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_UIDS = itertools.count(1)
+_UID_LOCK = threading.Lock()
+
+
+def next_uid() -> int:
+    """A fresh host uid for one slot or session (distinct per process and call when root)."""
+    with _UID_LOCK:
+        n = next(_UIDS)
+    return UID_BASE + ((os.getpid() << 12) + n) % 500_000_000
+
+
+def _limits(config: SandboxConfig) -> Limits:
+    """The child's limits from the config."""
+    fields = Limits.__dataclass_fields__
+    return Limits(**{k: getattr(config, k) for k in fields})
+
+
+class _Slot:
+    """One worker: a uid of its own and the next pre-started interpreter for it."""
+
+    def __init__(self, pool: SandboxPool, uid: int) -> None:
+        """Owned by ``pool``; starts empty (call ``refill``)."""
+        self.pool, self.uid = pool, uid
+        self.future: Future | None = None
+
+    def refill(self) -> None:
+        """Start the next interpreter in the background."""
+        pool = self.pool
+        self.future = pool._spawner.submit(SandboxProcess, pool.launch, pool.limits, self.uid, "once")
+
+    def take(self) -> SandboxProcess:
+        """The pre-started interpreter (restarted if it failed or died waiting)."""
+        proc = None
+        if self.future is not None:
+            try:
+                proc = self.future.result()
+            except (SandboxError, OSError):
+                proc = None
+            self.future = None
+        if proc is not None and not proc.alive():
+            proc.close()
+            proc = None
+        if proc is None:
+            proc = SandboxProcess(self.pool.launch, self.pool.limits, self.uid, "once")
+        return proc
+
+    def discard(self) -> None:
+        """Kill the spare (pool shutdown)."""
+        future, self.future = self.future, None
+        if future is not None:
+            future.add_done_callback(_close_future)
+
+
+def _close_future(future: Future) -> None:
+    """Close the process a spawn future made, if it made one."""
+    if future.exception() is None:
+        future.result().close()
+
+
+class SandboxPool:
+    """Runs untrusted Python code, each run in a fresh sandboxed interpreter.
+
+    ``workers`` interpreters are kept pre-started (already isolated and limited, waiting for
+    their code); a run takes one, and a replacement starts in the background once it is done.
+    The constructor probes the backends and raises ``SandboxUnsafeError`` unless network and
+    filesystem isolation are in force (or ``allow_unsafe``). Close it (or use ``with``).
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, **overrides: object) -> None:
+        """``overrides``: SandboxConfig fields, e.g. ``SandboxPool(workers=4, timeout_s=5)``."""
+        config = config or SandboxConfig()
+        if overrides:
+            config = SandboxConfig(**{**config.model_dump(), **overrides})
+        self.config = config
+        self.limits = _limits(config)
+        self.launch, protections = select(config.backend, config.allow_unsafe, self.limits, next_uid())
+        self._protections = {**protections, "rlimits": {**protections["rlimits"], **_rl(config)}}
+        self._closed = False
+        self._spawner = ThreadPoolExecutor(config.workers, thread_name_prefix="sandbox-spawn")
+        self._runner = ThreadPoolExecutor(config.workers, thread_name_prefix="sandbox-run")
+        self._sessions: weakref.WeakSet = weakref.WeakSet()
+        self._slots = [_Slot(self, next_uid()) for _ in range(config.workers)]
+        self._idle: queue.Queue[_Slot] = queue.Queue()
+        for slot in self._slots:
+            slot.refill()
+            self._idle.put(slot)
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------ running code
+    def run(
+        self,
+        code: str,
+        *,
+        stdin: str = "",
+        timeout_s: float | None = None,
+        files: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``code`` as ``__main__`` in a fresh sandbox; ``files`` are written to its directory first."""
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed")
+        slot = self._idle.get()
+        try:
+            proc = slot.take()
+            try:
+                return proc.run_once(code, stdin, files, timeout_s or self.config.timeout_s)
+            finally:
+                proc.close()
+        finally:
+            if not self._closed:
+                slot.refill()
+            self._idle.put(slot)
+
+    def run_many(
+        self,
+        codes: Sequence[str],
+        *,
+        stdin: str | Sequence[str] = "",
+        timeout_s: float | None = None,
+        files: dict[str, str] | None = None,
+    ) -> list[ExecResult]:
+        """Run every program (``workers`` at a time); results in the order of ``codes``."""
+        stdins = [stdin] * len(codes) if isinstance(stdin, str) else list(stdin)
+        if len(stdins) != len(codes):
+            raise ValueError(f"{len(stdins)} stdin strings for {len(codes)} programs")
+        run = functools.partial(self.run, timeout_s=timeout_s, files=files)
+        futures = [self._runner.submit(run, c, stdin=s) for c, s in zip(codes, stdins, strict=True)]
+        return [f.result() for f in futures]
+
+    async def arun(self, code: str, **kwargs: object) -> ExecResult:
+        """``run`` for asyncio callers (on the pool's threads; the event loop is not blocked)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._runner, functools.partial(self.run, code, **kwargs))
+
+    def session(self) -> SandboxSession:
+        """A persistent interpreter (globals carry over between ``run`` calls); close it at episode end."""
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed")
+        session = SandboxSession(self)
+        self._sessions.add(session)
+        return session
+
+    # ------------------------------------------------------------------ reporting
+    def protections(self) -> dict:
+        """What is in force, as measured by the probe run (backend, isolation, uid, rlimits...)."""
+        return dict(self._protections)
+
+    def describe(self) -> str:
+        """One line per protection, for logs and ``posttrain doctor``."""
+        return describe(self._protections)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Kill the spares and open sessions; runs in flight finish. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for session in list(self._sessions):
+            session.close()
+        for slot in self._slots:
+            slot.discard()
+        self._runner.shutdown(wait=True)
+        self._spawner.shutdown(wait=True)
+        _LIVE.discard(self)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Sandbox = SandboxPool  # the same thing; a one-worker sandbox is ``Sandbox(workers=1)``
+
+
+class SandboxSession:
+    """One persistent sandboxed interpreter for an episode: state carries over between runs.
+
+    Each ``run`` has the pool's limits (wall clock, CPU for that cell). A run that hits a limit
+    kills the session; the next ``run`` starts a fresh interpreter and says so on stderr.
+    """
+
+    def __init__(self, pool: SandboxPool) -> None:
+        """Start the interpreter now (it waits for the first cell)."""
+        self.pool = pool
+        self.uid = next_uid()
+        self._proc: SandboxProcess | None = self._start()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def _start(self) -> SandboxProcess:
+        """A fresh session interpreter."""
+        return SandboxProcess(self.pool.launch, self.pool.limits, self.uid, "session")
+
+    def run(
+        self,
+        code: str,
+        *,
+        stdin: str = "",
+        timeout_s: float | None = None,
+        files: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run one cell in the session's namespace (``stdin`` becomes ``sys.stdin`` for it)."""
+        with self._lock:
+            if self.closed:
+                raise SandboxError("the sandbox session is closed")
+            note = ""
+            if self._proc is None or not self._proc.alive():
+                if self._proc is not None:
+                    self._proc.close()
+                    note = "[sandbox: the session was restarted after a limit; earlier state is lost]\n"
+                self._proc = self._start()
+            result = self._proc.run_cell(code, stdin, files, timeout_s or self.pool.config.timeout_s)
+            if note:
+                result.stderr = note + result.stderr
+            return result
+
+    def close(self) -> None:
+        """Kill the interpreter. Idempotent."""
+        self.closed = True
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.close()
+
+    def __enter__(self) -> SandboxSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _rl(config: SandboxConfig) -> dict:
+    """The configured rlimits, for ``protections()``."""
+    return {
+        "cpu_s": config.cpu_s,
+        "memory_mb": config.memory_mb,
+        "max_file_mb": config.max_file_mb,
+        "max_processes": config.max_processes,
+        "max_open_files": config.max_open_files,
+    }
+
+
+def describe(p: dict) -> str:
+    """Human-readable summary of a protections dict."""
+    yes = {True: "yes", False: "NO"}
+    rl = p["rlimits"]
+    lines = [
+        f"sandbox backend: {p['backend']} ({'safe' if p['safe'] else 'UNSAFE'})",
+        f"  network isolated:    {yes[p['network_isolated']]}",
+        f"  filesystem isolated: {yes[p['filesystem_isolated']]} (allowlist: /usr, the interpreter, "
+        "tmpfs working dir and /tmp)" if p["filesystem_isolated"] else "  filesystem isolated: NO",
+        f"  pid namespace:       {yes[p['pid_namespace']]}",
+        f"  user namespace:      {yes[p['user_namespace']]}",
+        f"  host uid of code:    {p['host_uid']} ({'unprivileged' if p['uid_dropped'] else 'ROOT'})",
+        f"  no_new_privs:        {yes[p['no_new_privs']]}",
+        f"  scrubbed env:        {yes[p['env_scrubbed']]}",
+        f"  rlimits:             cpu {rl['cpu_s']} s, address space {rl['memory_mb']} MB, "
+        f"file {rl['max_file_mb']} MB, {rl['max_processes']} processes, {rl['max_open_files']} files",
+        f"  seccomp:             {yes[p['seccomp']]}",
+    ]
+    lines += [f"  problem: {x}" for x in p["problems"]]
+    return "\n".join(lines)
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close every pool still open at interpreter exit (no stray sandboxes)."""
+    for pool in list(_LIVE):
+        pool.close()
