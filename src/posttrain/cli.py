@@ -1,13 +1,20 @@
-"""`posttrain <command> [--config FILE] [key.path=value ...]`."""
+"""`posttrain <command> [--config FILE] [key.path=value ...]`.
+
+Errors of the user's own making (`posttrain.errors.UserError`: a bad config, a missing file, a
+malformed data row) print one line, `error: ...`, and exit with status 2; `--debug` or
+POSTTRAIN_DEBUG=1 shows their traceback. Any other exception is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
-from posttrain.config.loader import ConfigError, load_config, to_yaml
+from posttrain.config.loader import load_config, to_yaml
 from posttrain.config.schema import ALGORITHM_CONFIGS
+from posttrain.errors import UserError
 
 
 def _trainer(name: str) -> Callable:
@@ -77,6 +84,8 @@ def _models_command(args: argparse.Namespace) -> int:
     return 0
 
 
+DEBUG_HELP = "show the traceback of configuration and data errors too (or set POSTTRAIN_DEBUG=1)"
+
 COMMAND_HELP = {
     "eval": "evaluate a model or checkpoint on math problems (pass@k, cons@k)",
     "rm": "train a reward model",
@@ -84,22 +93,28 @@ COMMAND_HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posttrain", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="posttrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    # also accepted after the command; SUPPRESS keeps a subcommand from resetting the top-level flag
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ALGORITHM_CONFIGS:
-        p = sub.add_parser(name, help=COMMAND_HELP.get(name, f"train with {name.upper()}"))
+        p = sub.add_parser(name, help=COMMAND_HELP.get(name, f"train with {name.upper()}"), parents=[debug])
         p.add_argument("--config", help="a YAML recipe (e.g. examples/configs/sft.yaml)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. policy.optimizer.lr=1e-5")
         p.set_defaults(func=_train_command)
-    models = sub.add_parser("models", help="models obtainable without a hub")
+    models = sub.add_parser("models", help="models obtainable without a hub", parents=[debug])
     models_sub = models.add_subparsers(dest="action", required=True)
     models_sub.add_parser("list", help="list model aliases")
     pull = models_sub.add_parser("pull", help="fetch a model alias into the local cache")
     pull.add_argument("names", nargs="+")
     pull.add_argument("--force", action="store_true")
     models.set_defaults(func=_models_command)
-    export = sub.add_parser("export", help="turn a checkpoint into a Hugging Face folder")
+    export = sub.add_parser("export", help="turn a checkpoint into a Hugging Face folder", parents=[debug])
     export.add_argument("checkpoint", help="a step_* checkpoint folder, or a run directory (its latest)")
     export.add_argument("out_dir")
     export.add_argument("--dtype", choices=["float32", "bfloat16"], help="cast the weights (default: keep)")
@@ -109,11 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a `UserError` prints `error: <message>` and returns 2 (no traceback)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as e:
-        print(f"posttrain: {e}", file=sys.stderr)
+    except UserError as e:
+        if args.debug or os.environ.get("POSTTRAIN_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

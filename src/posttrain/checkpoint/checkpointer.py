@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from posttrain.errors import MissingFileError
+
 STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
 
@@ -202,7 +204,7 @@ def resolve_resume(resume: str, checkpointer: Checkpointer) -> Path | None:
         return checkpointer.latest()
     path = Path(resume).expanduser()
     if not (path / COMPLETE).is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"checkpoint.resume={resume!r} is not a complete checkpoint folder (no {COMPLETE} file in it); "
             f"complete checkpoints in this run: {[str(p) for p in checkpointer.complete()] or 'none'}"
         )

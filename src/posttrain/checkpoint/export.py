@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from posttrain.checkpoint.checkpointer import COMPLETE, Checkpointer, atomic_directory
+from posttrain.errors import ExistingFileError, MissingFileError
 
 FORMAT_FILE = "format.json"
 FULL_STATE = "hf_full_state"
@@ -62,7 +63,7 @@ def _tokenizer_from_run_config(checkpoint: Path) -> str:
     policy = (config or {}).get("policy", {})
     name = policy.get("tokenizer_name") or policy.get("model_name")
     if not name:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{checkpoint} holds no tokenizer and no config.yaml naming one; pass a tokenizer explicitly"
         )
     return resolve_model(name)
@@ -91,6 +92,14 @@ def check_full_state(checkpoint: Path) -> None:
         fmt = json.loads(fmt_file.read_text())
         if fmt.get("model") != FULL_STATE:
             raise ValueError(f"{checkpoint}: model format {fmt.get('model')!r} is not {FULL_STATE!r}")
+
+
+def _compute_dtype(checkpoint: Path) -> str | None:
+    """The dtype the run that wrote `checkpoint` computed in (`policy.dtype`), if format.json records it."""
+    fmt_file = checkpoint / FORMAT_FILE
+    if not fmt_file.is_file():
+        return None
+    return json.loads(fmt_file.read_text()).get("compute_dtype")
 
 
 def _generation_config(model: Any, tokenizer: Any) -> Any:
@@ -127,20 +136,23 @@ def export_checkpoint(
 ) -> ExportResult:
     """Write `checkpoint` (a step folder or run directory) as a Hugging Face folder at `out_dir`.
 
-    `dtype` ("float32" / "bfloat16") casts the weights; None keeps the checkpoint's dtype.
+    `dtype` ("float32" / "bfloat16") casts the weights; None: the dtype the run computed in
+    (`policy.dtype`, recorded in format.json; checkpoints hold fp32 master weights), or the
+    checkpoint's own dtype for checkpoints that do not record it.
     """
     from posttrain.models.policy import DTYPES, load_causal_lm
     from posttrain.models.tokenizer import load_tokenizer
 
     source = resolve_model_source(str(checkpoint), tokenizer_name)
     if source.checkpoint is None:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{checkpoint} is not a posttrain checkpoint (a step_* folder with {COMPLETE} and model/) "
             "nor a run directory that holds one"
         )
     out = Path(out_dir).expanduser()
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; choose another folder or pass --overwrite")
+        raise ExistingFileError(f"{out} exists; choose another folder or pass --overwrite")
+    dtype = dtype or _compute_dtype(source.checkpoint)
     model = load_causal_lm(source.model, DTYPES[dtype] if dtype else "auto")
     tokenizer = load_tokenizer(source.tokenizer)
     model.generation_config = _generation_config(model, tokenizer)

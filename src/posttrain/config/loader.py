@@ -14,10 +14,12 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from posttrain.errors import UserError
+
 T = TypeVar("T", bound=BaseModel)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot be used, with a message that says what to change."""
 
 
@@ -127,7 +129,11 @@ def format_validation_error(model: type[BaseModel], err: ValidationError) -> str
         else:
             given = e.get("input")
             given_text = "" if isinstance(given, dict) else f" (got {given!r})"
-            lines.append(f"`{key}`: {e['msg']}{given_text}.")
+            message = e["msg"].removeprefix("Value error, ")  # our validators' own sentences
+            text = f"{f'`{key}`: ' if loc else ''}{message}{given_text}"
+            lines.append(text if text.endswith(".") else f"{text}.")
+    if len(lines) == 1:
+        return f"invalid config: {lines[0]}"
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
