@@ -49,7 +49,9 @@ class EnvStepResult:
     """What `Environment.step` returns for a batch of B samples; every list has length B.
 
     rewards: the reward of this turn.
-    observations: the next message to append (e.g. a tool result or user turn), None when done.
+    observations: the next message to append (e.g. a tool result or user turn), None when done; or a
+        list of messages when one turn gets several (the results of several tool calls), see
+        `observation_messages`.
     done: whether the episode of this sample is over.
     metadata: the sample's metadata, updated (passed to the next `step` of a multi-turn episode).
     info: per-sample diagnostics (e.g. "extracted_answer", "verifier_error"), read by
@@ -60,7 +62,7 @@ class EnvStepResult:
     """
 
     rewards: list[float]
-    observations: list[Message | None]
+    observations: list[Message | list[Message] | None]
     done: list[bool]
     metadata: list[dict[str, Any]]
     info: list[dict[str, Any]] = field(default_factory=list)
@@ -135,6 +137,13 @@ def task_start(task: dict[str, Any]) -> EpisodeStart:
         )
     metadata = {k: v for k, v in task.items() if k != "messages"}
     return EpisodeStart(messages=[dict(m) for m in task["messages"]], metadata=metadata)
+
+
+def observation_messages(observation: Message | list[Message] | None) -> list[Message]:
+    """An observation as a list of messages: [] for None, [message] for one message."""
+    if observation is None:
+        return []
+    return [observation] if isinstance(observation, dict) else list(observation)
 
 
 def last_assistant_content(message_log: Sequence[Message]) -> str:
