@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.data.math import Problem
 from posttrain.data.tokenize import encode_prompt, observation_ids, turn_suffix
 from posttrain.environments.interface import EnvStepResult
 from posttrain.models.generation import GenerationOutput, SamplingParams
@@ -91,7 +90,7 @@ def _two_turns(tok, first_reply: list[int], second_reply: list[int]):
     prompt = encode_prompt(tok, QUESTION)
     generator = ScriptedGenerator([first_reply, second_reply])
     rollouts = run_rollouts(
-        [Problem(list(QUESTION), prompt, "4")],
+        [{"messages": list(QUESTION), "answer": "4"}],
         generations_per_prompt=1,
         generator=generator,
         environment=AskTwice(),

@@ -80,12 +80,14 @@ def _tokenize_plain(tokenizer: Any, messages: list[Message]) -> TokenizedExample
     return TokenizedExample(ids, mask)
 
 
-def encode_prompt(tokenizer: Any, messages: list[Message]) -> list[int]:
-    """Token ids of a conversation followed by the assistant generation prompt."""
+def encode_prompt(tokenizer: Any, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+    """Token ids of a conversation followed by the assistant generation prompt; `tools` (JSON
+    schemas) go to the chat template as `tools=`."""
     if getattr(tokenizer, "chat_template", None) is None:
         text = "\n".join(m["content"] for m in messages) + "\n"
         return tokenizer(text)["input_ids"]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

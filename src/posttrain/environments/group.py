@@ -19,7 +19,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from posttrain.distributed.workers import WorkerError, get_named
-from posttrain.environments.interface import EnvStepResult, Message, resolve_environment
+from posttrain.environments.interface import (
+    EnvStepResult,
+    EpisodeStart,
+    Message,
+    resolve_environment,
+    task_start,
+)
 
 
 class _EnvWorker:
@@ -33,6 +39,11 @@ class _EnvWorker:
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         return self.env.step(message_logs, metadata)
+
+    def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
+        """The environment's reset, or each task's own messages when it has none."""
+        reset = getattr(self.env, "reset", None)
+        return reset(tasks, seeds) if reset is not None else [task_start(t) for t in tasks]
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         return self.env.batch_metrics(results)
@@ -109,12 +120,24 @@ class EnvironmentGroup:
         """Step every sample; the batch is split in contiguous chunks, one per worker, results in input order."""
         if len(message_logs) != len(metadata):
             raise ValueError(f"{len(message_logs)} message logs but {len(metadata)} metadata entries")
-        n = len(message_logs)
-        if n == 0:
+        if not message_logs:
             return EnvStepResult(rewards=[], observations=[], done=[], metadata=[], info=[])
+        return EnvStepResult.concat(self._chunked("step", message_logs, metadata))
+
+    def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
+        """Start one episode per task (the environment's `reset`, or the task's own messages), split
+        over the workers like `step`."""
+        if len(tasks) != len(seeds):
+            raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds")
+        return [start for chunk in self._chunked("reset", tasks, seeds) for start in chunk] if tasks else []
+
+    def _chunked(self, method: str, *columns: list) -> list:
+        """Call `method` on contiguous chunks of the columns, one chunk per worker, in input order;
+        every chunk's result must have one entry per input."""
+        n = len(columns[0])
         if self._local is not None:
             try:
-                chunks = [self._local.step(message_logs, metadata)]
+                chunks = [getattr(self._local, method)(*columns)]
             except Exception as e:
                 raise WorkerError(f"environment worker {self.names[0]} failed: {e!r}") from e
             bounds = [0, n]
@@ -125,9 +148,7 @@ class EnvironmentGroup:
             bounds = [n * r // k for r in range(k + 1)]
             chunks = self._get(
                 [
-                    self._actors[r].step.remote(
-                        message_logs[bounds[r] : bounds[r + 1]], metadata[bounds[r] : bounds[r + 1]]
-                    )
+                    getattr(self._actors[r], method).remote(*(c[bounds[r] : bounds[r + 1]] for c in columns))
                     for r in range(k)
                 ]
             )
@@ -137,7 +158,7 @@ class EnvironmentGroup:
                     f"environment worker {self.names[r]} returned {len(chunk)} results for "
                     f"{bounds[r + 1] - bounds[r]} samples"
                 )
-        return EnvStepResult.concat(chunks)
+        return chunks
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         """The environment's metrics over a whole (concatenated) batch, computed by worker 0."""

@@ -1,22 +1,26 @@
-"""Rollouts: each problem repeated G times under a group id, generated, scored, possibly over several turns.
+"""Rollouts: each task's episode started once, repeated G times under a group id, generated, stepped.
 
-A trajectory is one token sequence: the prompt, then for each turn the generated tokens exactly
-as generated (loss mask 1, with their generation logprobs) and, if the environment answers, its
-observation's tokens from the chat template (loss mask 0; `posttrain.data.tokenize.observation_ids`:
-the generated tokens are never re-rendered). Rewards of all turns are summed.
+An episode starts from the environment's `reset(tasks, seeds)` (a game board) or, without one,
+from the task's own messages (`task_start`). A trajectory is one token sequence: the prompt (the
+chat template over the first messages and the environment's tools), then for each turn the
+generated tokens exactly as generated (loss mask 1, with their generation logprobs) and, if the
+environment answers, its observation's tokens from the chat template (loss mask 0;
+`posttrain.data.tokenize.observation_ids`: the generated tokens are never re-rendered). An
+observation longer than `max_observation_tokens` is cut in the middle; an episode that would
+exceed `max_seq_len` ends truncated. The episode's reward is the sum of its turns' rewards.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from posttrain.data.batching import TokenBatch
-from posttrain.data.math import Problem
-from posttrain.data.tokenize import Message, observation_ids
-from posttrain.environments.interface import EnvStepResult
+from posttrain.data.tokenize import Message, encode_prompt, observation_ids
+from posttrain.environments.interface import EnvStepResult, EpisodeStart, task_start
 from posttrain.logging.timer import Timer
 from posttrain.models.generation import GenerationOutput, SamplingParams
 
@@ -35,6 +39,17 @@ class Steps(Protocol):
 
 @dataclass
 class Trajectory:
+    """One episode as one token sequence, with who wrote each token and what each turn earned.
+
+    input_ids / loss_mask / generation_logprobs: [T] each; loss_mask 1 on generated tokens.
+    turn_spans: per turn, the [start, end) positions of its generated tokens in input_ids.
+    turn_rewards: per turn, the environment's reward; `reward` is their sum.
+    observation_tokens: tokens the environment's observations (and their template) added.
+    scored: False when the environment could not score the episode: left out of the loss.
+    stop_reason: "done" (the environment ended it), "max_turns", or "truncated" (max_new_tokens
+        or max_seq_len reached).
+    """
+
     input_ids: list[int]
     loss_mask: list[int]
     generation_logprobs: list[float]
@@ -45,10 +60,20 @@ class Trajectory:
     truncated: bool = False
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    observation_tokens: int = 0
+    scored: bool = True
+    stop_reason: str = ""
+    stop_strings: tuple[str, ...] = ()
 
     @property
     def response_length(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_spans)
 
 
 @dataclass
@@ -69,6 +94,10 @@ class Rollouts:
         return torch.tensor([t.truncated for t in self.trajectories], dtype=torch.bool)
 
     @property
+    def scored(self) -> torch.Tensor:
+        return torch.tensor([t.scored for t in self.trajectories], dtype=torch.bool)
+
+    @property
     def response_lengths(self) -> torch.Tensor:
         return torch.tensor([t.response_length for t in self.trajectories], dtype=torch.float32)
 
@@ -86,8 +115,109 @@ class RLBatch(TokenBatch):
     reference_logprobs: torch.Tensor | None = None
 
 
+def start_episodes(environment: Any, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
+    """The environment's `reset` when it has one, else each task's own messages (`task_start`)."""
+    reset = getattr(environment, "reset", None)
+    if reset is None:
+        return [task_start(task) for task in tasks]
+    starts = reset(tasks, seeds)
+    if len(starts) != len(tasks):
+        raise ValueError(f"environment reset returned {len(starts)} episode starts for {len(tasks)} tasks")
+    return starts
+
+
+def prompt_ids_of(tokenizer: Any, start: EpisodeStart) -> list[int]:
+    """The prompt's token ids: the first messages (and tools) under the chat template."""
+    return encode_prompt(tokenizer, start.messages, tools=start.tools)
+
+
+def cut_middle(tokenizer: Any, message: Message, max_tokens: int | None) -> Message:
+    """`message` with its content cut to `max_tokens` tokens, keeping the start and the end."""
+    if max_tokens is None:
+        return message
+    ids = tokenizer(message.get("content") or "", add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_tokens:
+        return message
+    head, tail = ids[: max_tokens // 2], ids[len(ids) - (max_tokens - max_tokens // 2) :]
+    marker = f"\n[... {len(ids) - max_tokens} tokens cut ...]\n"
+    content = tokenizer.decode(head) + marker + tokenizer.decode(tail)
+    return {**message, "content": content}
+
+
+def new_trajectories(
+    starts: list[EpisodeStart],
+    prompts: list[list[int]],
+    *,
+    generations_per_prompt: int,
+    first_group_id: int,
+) -> list[Trajectory]:
+    """G trajectories per episode start, each with its own copy of the start's state."""
+    return [
+        Trajectory(
+            input_ids=list(prompt),
+            loss_mask=[0] * len(prompt),
+            generation_logprobs=[0.0] * len(prompt),
+            messages=copy.deepcopy(start.messages),
+            metadata=copy.deepcopy(start.metadata),
+            group_id=first_group_id + i,
+            stop_strings=tuple(start.stop_strings),
+        )
+        for i, (start, prompt) in enumerate(zip(starts, prompts, strict=True))
+        for _ in range(generations_per_prompt)
+    ]
+
+
+def generate_turn(
+    generator: Generates, active: list[Trajectory], params: SamplingParams, batch_size: int
+) -> list[tuple[list[int], list[float], bool]]:
+    """One turn's (token ids, logprobs, truncated) per active trajectory, in order. Trajectories
+    with their own stop strings are generated apart from the others (one call per set)."""
+    by_stops: dict[tuple[str, ...], list[int]] = {}
+    for i, t in enumerate(active):
+        by_stops.setdefault(t.stop_strings, []).append(i)
+    results: list[Any] = [None] * len(active)
+    for stops, indices in by_stops.items():
+        p = (
+            params
+            if not stops
+            else SamplingParams(**{**params.__dict__, "stop_strings": params.stop_strings + stops})
+        )
+        out = generator.generate([active[i].input_ids for i in indices], p, batch_size)
+        for i, ids, lps, truncated in zip(indices, out.token_ids, out.logprobs, out.truncated, strict=True):
+            results[i] = (ids, lps, truncated)
+    return results
+
+
+def append_generated(
+    t: Trajectory, ids: list[int], lps: list[float], truncated: bool, max_seq_len: int
+) -> list[int]:
+    """Add one turn's generated tokens (cut at max_seq_len) and the assistant message; returns the ids kept."""
+    room = max_seq_len - len(t.input_ids)
+    t.truncated = truncated or len(ids) > room
+    ids, lps = ids[:room], lps[:room]
+    t.turn_spans.append((len(t.input_ids), len(t.input_ids) + len(ids)))
+    t.input_ids += ids
+    t.loss_mask += [1] * len(ids)
+    t.generation_logprobs += lps
+    return ids
+
+
+def append_observation(t: Trajectory, extra: list[int], observation: Message, max_seq_len: int) -> bool:
+    """Add an observation's tokens (loss mask 0); False (and the episode ends truncated) when they
+    would leave no room for the next turn."""
+    t.messages.append(observation)
+    if len(t.input_ids) + len(extra) >= max_seq_len:
+        t.done, t.truncated, t.stop_reason = True, True, "truncated"
+        return False
+    t.input_ids += extra
+    t.loss_mask += [0] * len(extra)
+    t.generation_logprobs += [0.0] * len(extra)
+    t.observation_tokens += len(extra)
+    return True
+
+
 def run_rollouts(
-    problems: list[Problem],
+    tasks: list[dict[str, Any]],
     *,
     generations_per_prompt: int,
     generator: Generates,
@@ -97,37 +227,36 @@ def run_rollouts(
     batch_size: int,
     max_turns: int,
     max_seq_len: int,
+    max_observation_tokens: int | None = None,
     first_group_id: int = 0,
     timer: Timer | None = None,
 ) -> Rollouts:
+    """Episodes for `tasks` (G each), turn by turn: every active episode generates, then every one
+    is stepped by the environment."""
     timer = timer or Timer()
-    trajectories = [
-        Trajectory(
-            input_ids=list(p.prompt_ids),
-            loss_mask=[0] * len(p.prompt_ids),
-            generation_logprobs=[0.0] * len(p.prompt_ids),
-            messages=list(p.messages),
-            metadata={"answer": p.answer},
-            group_id=first_group_id + i,
+    seeds = [first_group_id + i for i in range(len(tasks))]
+    with timer("rewards"):
+        starts = start_episodes(environment, tasks, seeds)
+    prompts = [prompt_ids_of(tokenizer, s) for s in starts]
+    too_long = [len(p) for p in prompts if len(p) >= max_seq_len]
+    if too_long:
+        raise ValueError(
+            f"an episode's prompt has {max(too_long)} tokens, at least policy.max_seq_len ({max_seq_len}); "
+            "raise policy.max_seq_len or shorten the prompt"
         )
-        for i, p in enumerate(problems)
-        for _ in range(generations_per_prompt)
-    ]
+    trajectories = new_trajectories(
+        starts, prompts, generations_per_prompt=generations_per_prompt, first_group_id=first_group_id
+    )
     results: list[EnvStepResult] = []
     for turn in range(max_turns):
         active = [t for t in trajectories if not t.done]
         if not active:
             break
         with timer("generation"):
-            out = generator.generate([t.input_ids for t in active], params, batch_size)
+            generated = generate_turn(generator, active, params, batch_size)
         turn_ids = []  # this turn's generated tokens per active trajectory, as generated
-        for t, ids, lps, truncated in zip(active, out.token_ids, out.logprobs, out.truncated, strict=True):
-            room = max_seq_len - len(t.input_ids)
-            t.truncated = truncated or len(ids) > room
-            ids, lps = ids[:room], lps[:room]
-            t.input_ids += ids
-            t.loss_mask += [1] * len(ids)
-            t.generation_logprobs += lps
+        for t, (ids, lps, truncated) in zip(active, generated, strict=True):
+            ids = append_generated(t, ids, lps, truncated, max_seq_len)
             turn_ids.append(ids)
             t.messages.append(
                 {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
@@ -138,21 +267,41 @@ def run_rollouts(
         last_turn = turn == max_turns - 1
         for j, t in enumerate(active):
             t.reward += result.rewards[j]
+            t.turn_rewards.append(result.rewards[j])
             t.metadata = result.metadata[j]
             t.info = result.info[j] if result.info else {}
+            t.scored = t.scored and result.scored[j]
+            t.stop_strings = result.stop_strings[j] if result.stop_strings[j] is not None else t.stop_strings
             observation = result.observations[j]
-            t.done = result.done[j] or t.truncated or last_turn or observation is None
-            if not t.done:
-                extra = observation_ids(tokenizer, turn_ids[j], observation)
-                t.messages.append(observation)
-                if len(t.input_ids) + len(extra) >= max_seq_len:
-                    t.done, t.truncated = True, True
-                    continue
-                t.input_ids += extra
-                t.loss_mask += [0] * len(extra)
-                t.generation_logprobs += [0.0] * len(extra)
+            env_done = result.done[j] or observation is None
+            t.done = env_done or t.truncated or last_turn
+            if t.done:
+                t.stop_reason = "done" if env_done else "truncated" if t.truncated else "max_turns"
+                continue
+            observation = cut_middle(tokenizer, observation, max_observation_tokens)
+            append_observation(
+                t, observation_ids(tokenizer, turn_ids[j], observation), observation, max_seq_len
+            )
     metrics = environment.batch_metrics(EnvStepResult.concat(results)) if results else {}
-    return Rollouts(trajectories, metrics)
+    return Rollouts(trajectories, {**metrics, **episode_metrics(trajectories)})
+
+
+def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """How episodes went: turns, how they ended, who wrote their tokens, reward per turn."""
+    n = max(len(trajectories), 1)
+    turns = [t.num_turns for t in trajectories]
+    turn_rewards = [r for t in trajectories for r in t.turn_rewards]
+    return {
+        "episode/turns_mean": sum(turns) / n,
+        "episode/turns_max": float(max(turns, default=0)),
+        "episode/done_rate": sum(t.stop_reason == "done" for t in trajectories) / n,
+        "episode/max_turns_rate": sum(t.stop_reason == "max_turns" for t in trajectories) / n,
+        "episode/truncated_rate": sum(t.stop_reason == "truncated" for t in trajectories) / n,
+        "episode/generated_tokens_mean": sum(t.response_length for t in trajectories) / n,
+        "episode/environment_tokens_mean": sum(t.observation_tokens for t in trajectories) / n,
+        "episode/reward_per_turn": sum(turn_rewards) / max(len(turn_rewards), 1),
+        "episode/unscored_rate": sum(not t.scored for t in trajectories) / n,
+    }
 
 
 def build_rl_batch(trajectories: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> RLBatch:
@@ -167,7 +316,27 @@ def build_rl_batch(trajectories: list[Trajectory], advantages: torch.Tensor, pad
         k = len(t.input_ids)
         input_ids[i, :k] = torch.tensor(t.input_ids)
         attention_mask[i, :k] = 1
-        loss_mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        if t.scored:  # an episode the environment could not score is left out of the loss
+            loss_mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.float32)
         gen_lp[i, :k] = torch.tensor(t.generation_logprobs, dtype=torch.float32)
     loss_mask[:, 0] = 0.0
     return RLBatch(input_ids, attention_mask, loss_mask, advantages=advantages, generation_logprobs=gen_lp)
+
+
+def transcript(t: Trajectory) -> dict[str, Any]:
+    """One episode for reading (samples.jsonl, eval transcripts): the prompt, the last reply, and
+    for several turns the whole conversation with each turn's reward."""
+    first_reply = next((i for i, m in enumerate(t.messages) if m.get("role") == "assistant"), len(t.messages))
+    prompt = t.messages[first_reply - 1]["content"] if first_reply else ""
+    row: dict[str, Any] = {
+        "prompt": prompt,
+        "completion": t.messages[-1]["content"] if first_reply < len(t.messages) else "",
+        "answer": t.metadata.get("answer"),
+        "reward": t.reward,
+        "truncated": t.truncated,
+    }
+    if t.num_turns > 1:
+        row.update(turns=t.num_turns, turn_rewards=t.turn_rewards, messages=t.messages[first_reply:])
+    if not t.scored:
+        row["scored"] = False
+    return row
