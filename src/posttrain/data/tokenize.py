@@ -95,7 +95,7 @@ DUMMY_HISTORY: tuple[Message, ...] = ({"role": "user", "content": "x"}, {"role":
 """The fixed conversation whose rendering locates the text between an assistant reply and the next turn."""
 
 
-def turn_suffix(tokenizer: Any, observation: Message) -> str:
+def turn_suffix(tokenizer: Any, observation: Message | list[Message]) -> str:
     """The text the chat template puts after an assistant reply's content when `observation` follows it:
     the reply's end-of-turn marker, the observation's own turn and the next assistant generation prompt.
 
@@ -106,8 +106,9 @@ def turn_suffix(tokenizer: Any, observation: Message) -> str:
     "<|im_end|>\\n<|im_start|>user\\n{observation}<|im_end|>\\n<|im_start|>assistant\\n".
     """
     history = list(DUMMY_HISTORY)
+    observations = [observation] if isinstance(observation, dict) else list(observation)
     prompt = _render(tokenizer, history[:1], add_generation_prompt=True)
-    full = _render(tokenizer, [*history, observation], add_generation_prompt=True)
+    full = _render(tokenizer, [*history, *observations], add_generation_prompt=True)
     reply = history[1]["content"]
     at = full.find(reply, len(prompt)) if full.startswith(prompt) else -1
     if at < 0:
@@ -118,9 +119,12 @@ def turn_suffix(tokenizer: Any, observation: Message) -> str:
     return full[at + len(reply) :]
 
 
-def observation_ids(tokenizer: Any, generated_ids: list[int], observation: Message) -> list[int]:
+def observation_ids(
+    tokenizer: Any, generated_ids: list[int], observation: Message | list[Message]
+) -> list[int]:
     """Tokens to append after a turn's generated tokens (kept exactly as generated) so that the
-    sequence continues with `observation` and the next assistant generation prompt.
+    sequence continues with `observation` (one message, or several: the results of several tool
+    calls) and the next assistant generation prompt.
 
     They are the tokens of `turn_suffix`, which begins with the template's end-of-turn marker. A
     model that ended its turn itself emitted that marker as its last token (SmolLM2: `<|im_end|>`,
@@ -130,7 +134,9 @@ def observation_ids(tokenizer: Any, generated_ids: list[int], observation: Messa
     observation's content on a line of its own, as `encode_prompt` writes prompts.
     """
     if getattr(tokenizer, "chat_template", None) is None:
-        return list(tokenizer("\n" + observation["content"] + "\n", add_special_tokens=False)["input_ids"])
+        observations = [observation] if isinstance(observation, dict) else observation
+        text = "".join("\n" + m["content"] for m in observations) + "\n"
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     ids = list(tokenizer(turn_suffix(tokenizer, observation), add_special_tokens=False)["input_ids"])
     if generated_ids and ids and generated_ids[-1] == ids[0] and _is_special(tokenizer, ids[0]):
         ids = ids[1:]

@@ -13,6 +13,7 @@ exceed `max_seq_len` ends truncated. The episode's reward is the sum of its turn
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,7 +21,8 @@ import torch
 
 from posttrain.data.batching import TokenBatch
 from posttrain.data.tokenize import Message, encode_prompt, observation_ids
-from posttrain.environments.interface import EnvStepResult, EpisodeStart, task_start
+from posttrain.environments.interface import EnvStepResult, EpisodeStart, observation_messages, task_start
+from posttrain.environments.tools import template_supports_tools, with_tools_in_system_prompt
 from posttrain.logging.timer import Timer
 from posttrain.models.generation import GenerationOutput, SamplingParams
 
@@ -126,6 +128,15 @@ def start_episodes(environment: Any, tasks: list[dict[str, Any]], seeds: list[in
     return starts
 
 
+def tools_for_template(tokenizer: Any, start: EpisodeStart) -> EpisodeStart:
+    """The start as the chat template can show it: tools offered to a template that ignores `tools=`
+    (SmolLM2's) are written into the system message instead (`with_tools_in_system_prompt`)."""
+    if not start.tools or template_supports_tools(tokenizer):
+        return start
+    messages = with_tools_in_system_prompt(start.messages, start.tools)
+    return dataclasses.replace(start, messages=messages, tools=None)
+
+
 def prompt_ids_of(tokenizer: Any, start: EpisodeStart) -> list[int]:
     """The prompt's token ids: the first messages (and tools) under the chat template."""
     return encode_prompt(tokenizer, start.messages, tools=start.tools)
@@ -202,10 +213,10 @@ def append_generated(
     return ids
 
 
-def append_observation(t: Trajectory, extra: list[int], observation: Message, max_seq_len: int) -> bool:
-    """Add an observation's tokens (loss mask 0); False (and the episode ends truncated) when they
-    would leave no room for the next turn."""
-    t.messages.append(observation)
+def append_observation(t: Trajectory, extra: list[int], observation: list[Message], max_seq_len: int) -> bool:
+    """Add an observation's messages and tokens (loss mask 0); False (and the episode ends
+    truncated) when they would leave no room for the next turn."""
+    t.messages.extend(observation)
     if len(t.input_ids) + len(extra) >= max_seq_len:
         t.done, t.truncated, t.stop_reason = True, True, "truncated"
         return False
@@ -236,7 +247,7 @@ def run_rollouts(
     timer = timer or Timer()
     seeds = [first_group_id + i for i in range(len(tasks))]
     with timer("rewards"):
-        starts = start_episodes(environment, tasks, seeds)
+        starts = [tools_for_template(tokenizer, s) for s in start_episodes(environment, tasks, seeds)]
     prompts = [prompt_ids_of(tokenizer, s) for s in starts]
     too_long = [len(p) for p in prompts if len(p) >= max_seq_len]
     if too_long:
@@ -278,10 +289,10 @@ def run_rollouts(
             if t.done:
                 t.stop_reason = "done" if env_done else "truncated" if t.truncated else "max_turns"
                 continue
-            observation = cut_middle(tokenizer, observation, max_observation_tokens)
-            append_observation(
-                t, observation_ids(tokenizer, turn_ids[j], observation), observation, max_seq_len
-            )
+            messages = [
+                cut_middle(tokenizer, m, max_observation_tokens) for m in observation_messages(observation)
+            ]
+            append_observation(t, observation_ids(tokenizer, turn_ids[j], messages), messages, max_seq_len)
     metrics = environment.batch_metrics(EnvStepResult.concat(results)) if results else {}
     return Rollouts(trajectories, {**metrics, **episode_metrics(trajectories)})
 

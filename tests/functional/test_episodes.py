@@ -1,0 +1,208 @@
+"""Episodes from tasks: reset by the environment, several turns with tool results, masks and limits.
+
+The generator is scripted (replies chosen per call, prompts recorded) because the claims are about
+how `run_rollouts` builds sequences and bookkeeping around given replies; the tokenizer and chat
+template are SmolLM2's real ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from posttrain.data.tokenize import encode_prompt, observation_ids
+from posttrain.environments.interface import EnvStepResult, EpisodeStart
+from posttrain.models.generation import GenerationOutput, SamplingParams
+from posttrain.rollout.rollout import build_rl_batch, run_rollouts, transcript
+
+
+class Scripted:
+    """Replies `reply_fn(prompt_ids, call_index)` to each prompt; records prompts and stop strings."""
+
+    def __init__(self, tokenizer, replies: list[str]) -> None:
+        self.tokenizer, self.replies = tokenizer, replies
+        self.calls: list[tuple[list[list[int]], tuple[str, ...]]] = []
+
+    def generate(self, prompt_ids, params: SamplingParams, batch_size: int) -> GenerationOutput:
+        text = self.replies[len(self.calls)]
+        self.calls.append(([list(p) for p in prompt_ids], params.stop_strings))
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [
+            self.tokenizer.eos_token_id
+        ]
+        n = len(prompt_ids)
+        return GenerationOutput([list(ids)] * n, [[-0.5] * len(ids)] * n, [False] * n)
+
+
+class Counter:
+    """An environment with its own start state: reset puts a counter in the metadata and offers a tool;
+    each step answers with two tool messages, until `turns` turns, rewarding 0.25 a turn. Tasks whose
+    "broken" field is set are not scorable (scored=False)."""
+
+    def __init__(self, turns: int = 2, long_observation: bool = False) -> None:
+        self.turns, self.long_observation = turns, long_observation
+
+    def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
+        return [
+            EpisodeStart(
+                messages=[{"role": "user", "content": f"Count from {t['start']}."}],
+                metadata={"count": t["start"], "seed": seed, "broken": t.get("broken", False)},
+                stop_strings=("</count>",),
+            )
+            for t, seed in zip(tasks, seeds, strict=True)
+        ]
+
+    def step(self, message_logs, metadata) -> EnvStepResult:
+        results = EnvStepResult([], [], [], [])
+        for log, meta in zip(message_logs, metadata, strict=True):
+            meta = {**meta, "count": meta["count"] + 1}
+            done = sum(m["role"] == "assistant" for m in log) >= self.turns
+            text = "word " * 300 if self.long_observation else f"now {meta['count']}"
+            observation = (
+                None
+                if done
+                else [
+                    {"role": "tool", "content": text},
+                    {"role": "tool", "content": "second result"},
+                ]
+            )
+            results = EnvStepResult.concat(
+                [
+                    results,
+                    EnvStepResult(
+                        [0.25],
+                        [observation],
+                        [done],
+                        [meta],
+                        [{}],
+                        scored=[not meta["broken"]],
+                        stop_strings=[None],
+                    ),
+                ]
+            )
+        return results
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        return {"env/steps": float(len(results))}
+
+
+def _run(tokenizer, env, replies, tasks, *, max_turns=3, max_seq_len=512, max_observation_tokens=None, g=2):
+    generator = Scripted(tokenizer, replies)
+    rollouts = run_rollouts(
+        tasks,
+        generations_per_prompt=g,
+        generator=generator,
+        environment=env,
+        tokenizer=tokenizer,
+        params=SamplingParams(stop_strings=("STOP",)),
+        batch_size=8,
+        max_turns=max_turns,
+        max_seq_len=max_seq_len,
+        max_observation_tokens=max_observation_tokens,
+        first_group_id=10,
+    )
+    return rollouts, generator
+
+
+def test_episode_starts_from_reset_and_ids_seen_equal_the_trajectory(tokenizer):
+    rollouts, generator = _run(tokenizer, Counter(turns=2), ["one</count>", "two</count>"], [{"start": 3}])
+    assert len(rollouts.trajectories) == 2  # G = 2 copies of one reset
+    t = rollouts.trajectories[0]
+    assert t.metadata["count"] == 5 and t.metadata["seed"] == 10 and t.group_id == 10
+    # the environment's per-episode stop strings join the configured ones
+    assert generator.calls[0][1] == ("STOP", "</count>")
+    prompt = encode_prompt(tokenizer, [{"role": "user", "content": "Count from 3."}])
+    # turn 1 saw the prompt; turn 2 saw prompt + turn-1 tokens + the two tool messages' tokens
+    assert generator.calls[0][0][0] == prompt
+    (s1, e1), (s2, e2) = t.turn_spans
+    assert s1 == len(prompt) and generator.calls[1][0][0] == t.input_ids[:s2]
+    tools = [{"role": "tool", "content": "now 4"}, {"role": "tool", "content": "second result"}]
+    assert t.input_ids[e1:s2] == observation_ids(tokenizer, t.input_ids[s1:e1], tools)
+    assert e2 == len(t.input_ids)
+    # invariant: the loss mask covers exactly the generated tokens
+    assert sum(t.loss_mask) == (e1 - s1) + (e2 - s2) == t.response_length
+    assert all(t.loss_mask[i] == int(s1 <= i < e1 or s2 <= i < e2) for i in range(len(t.input_ids)))
+    assert t.turn_rewards == [0.25, 0.25] and t.reward == 0.5 and t.stop_reason == "done"
+    assert t.observation_tokens == s2 - e1
+    assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    m = rollouts.env_metrics
+    assert m["episode/turns_mean"] == 2 and m["episode/done_rate"] == 1.0 and m["env/steps"] == 4
+    assert m["episode/environment_tokens_mean"] == t.observation_tokens
+    row = transcript(t)
+    assert row["turns"] == 2 and row["prompt"] == "Count from 3." and len(row["messages"]) == 4
+
+
+def test_max_turns_and_unscored_episodes(tokenizer):
+    tasks = [{"start": 0}, {"start": 7, "broken": True}]
+    rollouts, _ = _run(tokenizer, Counter(turns=5), ["a</count>", "b</count>"], tasks, max_turns=2)
+    assert [t.stop_reason for t in rollouts.trajectories] == ["max_turns"] * 4
+    assert rollouts.scored.tolist() == [True, True, False, False]
+    assert rollouts.env_metrics["episode/max_turns_rate"] == 1.0
+    assert rollouts.env_metrics["episode/unscored_rate"] == 0.5
+    batch = build_rl_batch(rollouts.trajectories, rollouts.rewards, tokenizer.pad_token_id)
+    assert batch.loss_mask[:2].sum() > 0 and batch.loss_mask[2:].sum() == 0  # left out, not scored 0
+
+
+def test_long_observation_is_cut_in_the_middle_and_max_seq_len_truncates(tokenizer):
+    rollouts, _ = _run(
+        tokenizer,
+        Counter(turns=3, long_observation=True),
+        ["x</count>"] * 3,
+        [{"start": 1}],
+        max_observation_tokens=20,
+        g=1,
+    )
+    tool = rollouts.trajectories[0].messages[2]
+    assert "tokens cut" in tool["content"] and tool["content"].startswith("word")
+    assert len(tokenizer(tool["content"], add_special_tokens=False)["input_ids"]) < 40
+    # without the cut, 300 words do not fit in 128 tokens: the episode ends truncated after turn 1
+    rollouts, _ = _run(
+        tokenizer,
+        Counter(turns=3, long_observation=True),
+        ["x</count>"] * 3,
+        [{"start": 1}],
+        max_seq_len=128,
+        g=1,
+    )
+    t = rollouts.trajectories[0]
+    assert t.truncated and t.stop_reason == "truncated" and t.num_turns == 1 and len(t.input_ids) < 128
+
+
+def test_tasks_without_reset_start_from_their_messages(tokenizer):
+    class Echo:
+        def step(self, message_logs, metadata):
+            return EnvStepResult.final(
+                [1.0 if m["answer"] == "4" else 0.0 for m in metadata], metadata, [{} for _ in metadata]
+            )
+
+        def batch_metrics(self, results):
+            return {}
+
+    task = {"messages": [{"role": "user", "content": "2 + 2?"}], "answer": "4", "level": 1}
+    rollouts, generator = _run(tokenizer, Echo(), ["4"], [task], g=3)
+    assert generator.calls[0][0][0] == encode_prompt(tokenizer, task["messages"])
+    assert [t.reward for t in rollouts.trajectories] == [1.0] * 3
+    assert rollouts.trajectories[0].metadata == {"answer": "4", "level": 1}
+
+
+def test_tools_are_written_into_the_system_prompt_for_templates_without_tool_support(tokenizer):
+    schema = {"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {}}}
+
+    class WithTools(Counter):
+        def reset(self, tasks, seeds):
+            return [
+                EpisodeStart(
+                    [{"role": "user", "content": "hi"}], {"count": 0, "broken": False}, tools=[schema]
+                )
+                for _ in tasks
+            ]
+
+    rollouts, generator = _run(tokenizer, WithTools(turns=1), ["done"], [{"start": 0}], g=1)
+    system = rollouts.trajectories[0].messages[0]
+    assert system["role"] == "system" and '"name": "add"' in system["content"]
+    assert tokenizer.decode(generator.calls[0][0][0]).count('"name": "add"') == 1
+
+
+def test_a_prompt_longer_than_max_seq_len_is_a_clear_error(tokenizer):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        _run(tokenizer, Counter(), ["x"], [{"start": 1}], max_seq_len=8)
