@@ -2,8 +2,10 @@
 
 A subclass names its algorithm and provides three phases: `build_policy` (the worker group),
 `train_step` (one optimizer step on a `PreferenceBatch`) and `validate` (held-out metrics).
-Everything else mirrors SFT: resumable data order and RNG, atomic checkpoints with keep-last-K,
-JSONL/TensorBoard/console logging, SIGTERM as a clean interrupt, and PNG plots at the end.
+Everything else mirrors SFT: resumable data order and RNG, atomic checkpoints with keep-last-K and
+keep-best-K (by `checkpoint.metric`, default `val/loss`, which both log), a wall-clock
+`checkpoint.deadline_s` that saves and stops cleanly, JSONL/TensorBoard/console logging, SIGTERM as
+a clean interrupt, and PNG plots at the end.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.checkpoint import Checkpointer, resolve_resume
+from posttrain.checkpoint import Deadline, resolve_resume
+from posttrain.config.loader import ConfigError
 from posttrain.config.schema import PreferenceTrainerConfig
 from posttrain.data.batching import EpochSampler
 from posttrain.data.preference import (
@@ -28,7 +31,9 @@ from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_curves
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.trainers.common import (
+    latest_values,
     load_controller_state,
+    make_checkpointer,
     prepare_run_dir,
     print_interrupted,
     save_controller_state,
@@ -43,6 +48,7 @@ class PreferenceResult:
     step: int
     history: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
+    stopped_by_deadline: bool = False
 
 
 class PreferenceTrainer:
@@ -68,8 +74,7 @@ class PreferenceTrainer:
         if loop.max_steps:
             self.total_steps = min(self.total_steps, loop.max_steps)
         self._check_batch_layout()
-        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
-        self.checkpointer.remove_partial()
+        self.checkpointer = make_checkpointer(self.run_dir / "checkpoints", cfg.checkpoint)
         self.policy = self.build_policy()
 
     def _dataset(self, data_cfg: Any) -> PreferenceDataset:
@@ -80,12 +85,12 @@ class PreferenceTrainer:
     def _check_batch_layout(self) -> None:
         workers, section = self.cfg.cluster.policy_workers(), self.algorithm
         if self.loop.global_batch_size % workers:
-            raise ValueError(
+            raise ConfigError(
                 f"{section}.global_batch_size={self.loop.global_batch_size} (pairs) must be a multiple of the "
                 f"{workers} policy workers, so that every worker gets whole pairs"
             )
         if self.cfg.policy.train_micro_batch_size % 2:
-            raise ValueError(
+            raise ConfigError(
                 f"policy.train_micro_batch_size={self.cfg.policy.train_micro_batch_size} counts sequences and "
                 f"must be even for {section.upper()} (a chosen and a rejected sequence per pair)"
             )
@@ -113,13 +118,15 @@ class PreferenceTrainer:
             yield k, self.batch_of(list(range(start, min(start + size, len(self.val_data)))), self.val_data)
 
     # ---------------------------------------------------------------- state
-    def save(self, step: int) -> Path:
+    def save(self, step: int, metrics: dict[str, float]) -> Path:
+        """Checkpoint the policy, tokenizer and controller; `metrics` (latest values) rank it for keep_best."""
+
         def write(directory: Path) -> None:
             self.policy.save_checkpoint(directory)
             self.tokenizer.save_pretrained(directory / "model")  # the model folder loads on its own
             save_controller_state(directory, step, {"sampler": self.sampler.state_dict()}, self.cfg)
 
-        return self.checkpointer.save(step, write)
+        return self.checkpointer.save(step, write, metrics=metrics)
 
     def restore(self, checkpoint: Path) -> int:
         self.policy.load_checkpoint(checkpoint)
@@ -141,7 +148,9 @@ class PreferenceTrainer:
         resume_from = resolve_resume(self.cfg.checkpoint.resume, self.checkpointer)
         step = self.restore(resume_from) if resume_from else 0
         result = PreferenceResult(self.run_dir, step, last_checkpoint=resume_from)
-        logger = MetricsLogger(self.cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step)
+        logger = MetricsLogger(
+            self.cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step, config=self.cfg
+        )
         logger.info(self.describe() + (f"; resumed from {resume_from}" if resume_from else ""))
 
         def log(step: int, metrics: dict[str, float]) -> None:
@@ -151,7 +160,7 @@ class PreferenceTrainer:
 
         try:
             with sigterm_as_interrupt():
-                self._loop(step, stop_after, result, log)
+                self._loop(step, stop_after, result, log, logger)
         except KeyboardInterrupt:
             print_interrupted(self.checkpointer.latest())
             raise
@@ -160,12 +169,26 @@ class PreferenceTrainer:
             plot_curves(self.run_dir, list(self.plots))
         return result
 
-    def _loop(self, step: int, stop_after: int | None, result: PreferenceResult, log: Any) -> None:
+    def _loop(
+        self, step: int, stop_after: int | None, result: PreferenceResult, log: Any, logger: MetricsLogger
+    ) -> None:
+        """Steps until total_steps, `stop_after` steps of this call, or the deadline; then a final save."""
         enabled, save_every = self.cfg.checkpoint.enabled, self.cfg.checkpoint.save_every
+        deadline = Deadline(self.cfg.checkpoint.deadline_s)
+
+        def save(step: int) -> None:
+            saving = time.perf_counter()
+            result.last_checkpoint = self.save(step, latest_values(result.history, step))
+            deadline.record_save(time.perf_counter() - saving)
+
         if step == 0 and self.loop.val_at_start and self.val_data is not None:
             log(0, self.validate())
         done_here = 0
         while step < self.total_steps and (stop_after is None or done_here < stop_after):
+            if deadline.should_stop():
+                result.stopped_by_deadline = True
+                logger.info(f"checkpoint.deadline_s={self.cfg.checkpoint.deadline_s} reached at step {step}")
+                break
             start = time.perf_counter()
             batch = self.batch_of(self.sampler.next_batch(), self.train_data)
             metrics = self.train_step(batch)
@@ -177,11 +200,12 @@ class PreferenceTrainer:
             result.step = step
             if self.val_data is not None and (step % self.loop.val_every == 0 or step == self.total_steps):
                 log(step, self.validate())
+            deadline.record_step(time.perf_counter() - start)  # with validation, if any
             if enabled and step % save_every == 0:
-                result.last_checkpoint = self.save(step)
+                save(step)
         result.step = step
         if enabled and (result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"):
-            result.last_checkpoint = self.save(step)
+            save(step)
 
 
 def run_trainer(trainer: PreferenceTrainer, stop_after: int | None) -> PreferenceResult:
