@@ -1,10 +1,11 @@
 """Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
-reward model, the sliding puzzle game.
+reward model, the sliding puzzle game, tools (calculator).
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
 See docs/environments.md for writing your own.
 """
 
+from posttrain.environments.calculator import CalculatorEnvironment
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.environments.interface import (
     ENVIRONMENTS,
@@ -23,8 +24,10 @@ from posttrain.environments.math import MathEnvironment, extract_last_boxed, mat
 from posttrain.environments.reward_model import RewardModelEnvironment
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
 from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
+from posttrain.environments.tools import ToolEnvironment, ToolRegistry
 
 __all__ = [
+    "CalculatorEnvironment",
     "ENVIRONMENTS",
     "CallOutcome",
     "EnvStepResult",
@@ -37,6 +40,8 @@ __all__ = [
     "RewardModelEnvironment",
     "SlidingPuzzleEnvironment",
     "TimeoutPool",
+    "ToolEnvironment",
+    "ToolRegistry",
     "extract_last_boxed",
     "last_assistant_content",
     "make_environment",
