@@ -243,6 +243,26 @@ def serve_session(req_fd: int, resp_fd: int, cpu_s: int) -> None:
         write_message(resp_fd, {"exit": code, "exc": exc})
 
 
+def become_init(req_fd: int, resp_fd: int) -> None:
+    """Fork; the child returns (and runs the code), this process stays as the namespace's pid 1.
+
+    pid 1 ignores signals it has no handler for and its death kills the namespace; code should not
+    run as it. It exits like the code: its exit status, or 128 + the signal that killed it.
+    """
+    pid = os.fork()
+    if pid == 0:
+        return
+    os.close(req_fd)
+    os.close(resp_fd)
+    while True:
+        try:
+            wpid, status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        if wpid == pid:
+            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
 def main(spec: dict) -> None:
     """Set up, announce readiness, then serve ``spec["mode"]``."""
     req_fd, resp_fd = spec["req_fd"], spec["resp_fd"]
@@ -251,6 +271,8 @@ def main(spec: dict) -> None:
     os.chdir(spec["workdir"])
     drop_privileges(spec.get("uid"), spec.get("no_new_privs", False))
     set_limits(spec["limits"])
+    if spec.get("init"):
+        become_init(req_fd, resp_fd)
     os.set_inheritable(req_fd, False)
     os.set_inheritable(resp_fd, False)
     sys.argv = ["<sandbox>"]

@@ -264,11 +264,11 @@ def describe(p: dict) -> str:
     """Human-readable summary of a protections dict."""
     yes = {True: "yes", False: "NO"}
     rl = p["rlimits"]
+    fs_note = " (read-only /usr and interpreter, tmpfs /sandbox and /tmp)" if p["filesystem_isolated"] else ""
     lines = [
         f"sandbox backend: {p['backend']} ({'safe' if p['safe'] else 'UNSAFE'})",
         f"  network isolated:    {yes[p['network_isolated']]}",
-        f"  filesystem isolated: {yes[p['filesystem_isolated']]} (allowlist: /usr, the interpreter, "
-        "tmpfs working dir and /tmp)" if p["filesystem_isolated"] else "  filesystem isolated: NO",
+        f"  filesystem isolated: {yes[p['filesystem_isolated']]}{fs_note}",
         f"  pid namespace:       {yes[p['pid_namespace']]}",
         f"  user namespace:      {yes[p['user_namespace']]}",
         f"  host uid of code:    {p['host_uid']} ({'unprivileged' if p['uid_dropped'] else 'ROOT'})",

@@ -153,10 +153,14 @@ def select(backend: str, allow_unsafe: bool, limits: Limits, uid: int) -> tuple[
         if prot["safe"]:
             return launch, prot
         tried.append(f"{launch.backend}: " + "; ".join(prot["problems"]))
-        fallback = fallback or (launch, prot)
+        if prot["uid_dropped"]:  # never, not even unsafe: root on the host can kill or read anything
+            fallback = fallback or (launch, prot)
     report = "\n  ".join(tried) or f"no candidate for backend={backend!r}"
     if fallback is None:
-        raise SandboxError(f"no sandbox backend could start:\n  {report}")
+        raise SandboxError(
+            f"no sandbox backend can run code here, not even unsafely (allow_unsafe never runs "
+            f"untrusted code as root on the host):\n  {report}"
+        )
     if not allow_unsafe:
         raise SandboxUnsafeError(
             "refusing to run untrusted code: no backend isolates both network and filesystem here:\n  "

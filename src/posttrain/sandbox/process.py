@@ -171,6 +171,7 @@ class SandboxProcess:
             "limits": self.limits.rlimits(self.mode == "session"),
             "cell_cpu_s": self.limits.cpu_s,
             "layout": _layout(launch, self.limits) if launch.child_builds_root else None,
+            "init": launch.backend == "unshare",  # bwrap has an init of its own
         }
         argv = [*command(launch, self.limits.disk_mb << 20), "-c", CHILD_SOURCE, json.dumps(spec)]
         extra = {"user": uid, "group": uid, "extra_groups": []} if launch.wrapper_as_slot_uid else {}

@@ -1,0 +1,78 @@
+"""Shared by the sandbox tests: a pool per isolating backend, and a scan for leftover processes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from posttrain.sandbox import SandboxError, SandboxPool, SandboxUnsafeError
+from posttrain.sandbox.backends import UID_BASE
+
+ISOLATING_BACKENDS = ["bwrap", "unshare"]
+LIMITS = dict(workers=2, timeout_s=3.0, cpu_s=3, memory_mb=512, max_output_bytes=65536, max_processes=16)
+
+
+def open_pool(backend: str, **overrides: object) -> SandboxPool:
+    """A pool on ``backend``, or a skip saying why this machine cannot isolate with it."""
+    try:
+        return SandboxPool(backend=backend, **{**LIMITS, **overrides})
+    except (SandboxError, SandboxUnsafeError) as err:
+        pytest.skip(f"sandbox backend {backend} is not usable here: {str(err)[:500]}")
+
+
+def sandbox_pids() -> list[int]:
+    """Host pids of processes running under a sandbox uid (model code and what it forked)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                uid = os.stat(f"/proc/{name}").st_uid
+            except OSError:
+                continue
+            if UID_BASE <= uid < UID_BASE + 500_000_000:
+                out.append(int(name))
+    return out
+
+
+def wait_for_at_most(n: int, timeout_s: float = 10.0) -> list[int]:
+    """Wait (bounded) until at most ``n`` sandbox processes remain; return what remains."""
+    end = time.monotonic() + timeout_s
+    while (pids := sandbox_pids()) and len(pids) > n and time.monotonic() < end:
+        time.sleep(0.05)
+    return pids
+
+
+def _ppid(pid: int) -> int:
+    """The parent pid of ``pid`` (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def leftovers(pool: SandboxPool, timeout_s: float = 10.0) -> list[int]:
+    """Sandbox processes that are not (under) one of the pool's waiting spares, after a bounded wait."""
+    spares = {s.future.result().popen.pid for s in pool._slots if s.future is not None}
+    end = time.monotonic() + timeout_s
+    while True:
+        stray = []
+        for pid in sandbox_pids():
+            chain, p = set(), pid
+            for _ in range(8):
+                p = _ppid(p)
+                chain.add(p)
+            if not chain & spares:
+                stray.append(pid)
+        if not stray or time.monotonic() > end:
+            return stray
+        time.sleep(0.05)
+
+
+def assert_healthy(pool: SandboxPool) -> None:
+    """The next call works: a fresh interpreter computes and prints."""
+    result = pool.run("print(6 * 7)")
+    assert result.status == "ok", result
+    assert result.stdout == "42\n"
