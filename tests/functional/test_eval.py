@@ -98,22 +98,43 @@ def test_eval_smollm2_scores_real_answers(smollm_dir, tmp_path):
     assert result.summary == summary
 
 
-def test_score_reads_boxed_answers_with_the_math_environment(tokenizer):
-    """Scoring without a model: completions written by hand, judged by the real math environment."""
-    from posttrain.data.math import Problem
-    from posttrain.models.text_generation import Completion
-    from posttrain.trainers.eval import score, summarize
+def test_records_read_boxed_answers_with_the_math_environment(tokenizer):
+    """Scoring without a model: replies written by hand (a scripted generator), judged by the real
+    math environment through the same rollout code as training."""
+    from posttrain.environments.group import EnvironmentGroup
+    from posttrain.models.generation import GenerationOutput, SamplingParams
+    from posttrain.rollout.rollout import run_rollouts
+    from posttrain.trainers.eval import sample_records, summarize
 
-    problems = [
-        Problem([{"role": "user", "content": "1 + 2?"}], [1], "3"),
-        Problem([{"role": "user", "content": "5 + 5?"}], [1], "10"),
-    ]
     texts = ["So \\boxed{3}.", "It is 3.", "\\boxed{3.0}", "\\boxed{10}", "\\boxed{1 + 9}", "\\boxed{12}"]
-    completions = [Completion([0] * (i + 1), t, truncated=False) for i, t in enumerate(texts)]
-    records = score(problems, completions, 3, EvalConfig())
+
+    class Scripted:
+        def generate(self, prompt_ids, params, batch_size):
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            return GenerationOutput(ids, [[0.0] * len(i) for i in ids], [False] * len(ids))
+
+    tasks = [
+        {"messages": [{"role": "user", "content": "1 + 2?"}], "answer": "3"},
+        {"messages": [{"role": "user", "content": "5 + 5?"}], "answer": "10"},
+    ]
+    with EnvironmentGroup("math", {}, backend="local") as env:
+        rollouts = run_rollouts(
+            tasks,
+            generations_per_prompt=3,
+            generator=Scripted(),
+            environment=env,
+            tokenizer=tokenizer,
+            params=SamplingParams(),
+            batch_size=8,
+            max_turns=1,
+            max_seq_len=256,
+        )
+    records = sample_records(rollouts, 3)
+    assert [r.completion for r in records] == texts
     assert [r.extracted_answer for r in records] == ["3", None, "3.0", "10", "1 + 9", "12"]
     assert [r.correct for r in records] == [True, False, True, True, False, False]
     assert [(r.problem_index, r.sample_index) for r in records][:4] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert [r.answer for r in records] == ["3"] * 3 + ["10"] * 3 and records[0].prompt == "1 + 2?"
     out = summarize(
         [[r.correct for r in records[:3]], [r.correct for r in records[3:]]],
         [[r.extracted_answer for r in records[:3]], [r.extracted_answer for r in records[3:]]],

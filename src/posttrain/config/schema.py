@@ -570,7 +570,8 @@ class EvalSamplingConfig(Strict):
 
 
 class EvalConfig(Strict):
-    """`posttrain eval`: sample answers to math problems and score them (pass@k, cons@k)."""
+    """`posttrain eval`: run n episodes per task (math problems by default, any environment, one turn
+    or several) and score them (pass@k, cons@k, mean reward and turns)."""
 
     model: str = Field(
         "smollm2-135m-instruct",
@@ -580,6 +581,9 @@ class EvalConfig(Strict):
     tokenizer_name: str | None = Field(None, description="Default: the model's (or checkpoint's) tokenizer.")
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
+    max_seq_len: int = Field(
+        2048, gt=1, description="Longest episode in tokens: prompt, every turn and every observation."
+    )
     data: EvalDataConfig = EvalDataConfig()
     generation: GenerationConfig = Field(
         default_factory=lambda: GenerationConfig(temperature=0.0),

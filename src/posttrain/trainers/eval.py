@@ -1,4 +1,4 @@
-"""Evaluation: sample n completions per problem, score them, report pass@k and cons@k.
+"""Evaluation: run n episodes per task (one turn or several), score them, report pass@k and cons@k.
 
 For problem i with n samples of which c_i are correct (math environment: the last \\boxed{}
 answer equals the ground truth by math-verify),
@@ -7,15 +7,18 @@ answer equals the ground truth by math-verify),
     cons@k = mean_i [majority vote over the first k extracted answers is correct]
 
 Answers vote after `vote_key` normalisation ("5.0" and "5" are one vote); ties go to the answer
-seen first (see `posttrain.algorithms.metrics.majority_vote`). Writes <output_dir>/summary.json
-and <output_dir>/samples.jsonl (one row per completion).
+seen first (see `posttrain.algorithms.metrics.majority_vote`). An episode is correct when the
+environment says so (`info["correct"]`), else when its reward is at least 1 (a solved puzzle).
+Episodes run through the same rollout code as training (`run_rollouts`), so multi-turn
+environments and tools work here too. Writes <output_dir>/summary.json and
+<output_dir>/samples.jsonl (one row per episode, with the whole conversation when it had several
+turns).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,25 +26,32 @@ from typing import Any
 from posttrain.algorithms.metrics import cons_at_k, pass_at_k
 from posttrain.checkpoint.export import resolve_model_source
 from posttrain.config.schema import EvalConfig
-from posttrain.data.math import Problem, build_math_problems
 from posttrain.environments.group import EnvironmentGroup
+from posttrain.logging.timer import Timer
 from posttrain.models.generation import SamplingParams
-from posttrain.models.text_generation import Completion, generate_texts
+from posttrain.models.text_generation import LocalGenerator
 from posttrain.models.tokenizer import load_tokenizer
+from posttrain.rollout.rollout import Rollouts, run_rollouts, transcript
+from posttrain.rollout.tasks import load_tasks
 from posttrain.trainers.common import prepare_run_dir, seed_everything
 
 
 @dataclass
 class SampleRecord:
+    """One episode: its prompt, the last reply, the verdict; for several turns the whole conversation."""
+
     problem_index: int
     sample_index: int
     prompt: str
     completion: str
-    answer: str
+    answer: str | None
     extracted_answer: str | None
     correct: bool
     truncated: bool
     num_tokens: int
+    reward: float = 0.0
+    turns: int = 1
+    messages: list[dict] | None = None
 
 
 @dataclass
@@ -99,31 +109,25 @@ def sampling_params(cfg: EvalConfig) -> SamplingParams:
     )
 
 
-def score(
-    problems: list[Problem], completions: list[Completion], n: int, cfg: EvalConfig
-) -> list[SampleRecord]:
-    """Run the environment on every (problem, completion) pair; completions are grouped n per problem."""
-    messages = [
-        [*problems[i // n].messages, {"role": "assistant", "content": c.text}]
-        for i, c in enumerate(completions)
-    ]
-    metadata = [{"answer": problems[i // n].answer} for i in range(len(completions))]
-    with EnvironmentGroup(cfg.environment.name, cfg.environment.kwargs, backend="local") as env:
-        result = env.step(messages, metadata)
+def sample_records(rollouts: Rollouts, n: int) -> list[SampleRecord]:
+    """One record per episode; episodes come n per task, in task order."""
     records = []
-    for i, (c, info) in enumerate(zip(completions, result.info, strict=True)):
-        p = problems[i // n]
+    for i, t in enumerate(rollouts.trajectories):
+        row = transcript(t)
         records.append(
             SampleRecord(
                 problem_index=i // n,
                 sample_index=i % n,
-                prompt=p.messages[-1]["content"],
-                completion=c.text,
-                answer=p.answer,
-                extracted_answer=info.get("extracted_answer"),
-                correct=bool(info.get("correct", False)),
-                truncated=c.truncated,
-                num_tokens=len(c.token_ids),
+                prompt=row["prompt"],
+                completion=row["completion"],
+                answer=None if row["answer"] is None else str(row["answer"]),
+                extracted_answer=t.info.get("extracted_answer"),
+                correct=bool(t.info.get("correct", t.reward >= 1.0)),
+                truncated=t.truncated,
+                num_tokens=t.response_length,
+                reward=t.reward,
+                turns=t.num_turns,
+                messages=row.get("messages"),
             )
         )
     return records
@@ -141,44 +145,63 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
     seed_everything(cfg.sampling.seed)
     source = resolve_model_source(cfg.model, cfg.tokenizer_name)
     tokenizer = load_tokenizer(source.tokenizer)
-    problems = build_math_problems(
+    env_cfg = cfg.environment
+    tasks = load_tasks(
         cfg.data.dataset,
-        tokenizer,
+        env_cfg,
         prompt_template=cfg.data.prompt_template,
         system_prompt=cfg.data.system_prompt,
+        tokenizer=tokenizer,
         max_prompt_len=cfg.data.max_prompt_len,
     )
-    n = cfg.sampling.samples_per_prompt
-    start = time.perf_counter()
-    completions = generate_texts(
-        source.model,
-        tokenizer,
-        [p.prompt_ids for p in problems for _ in range(n)],
-        sampling_params(cfg),
-        backend=cfg.generation.backend,
-        batch_size=cfg.generation.batch_size,
-        dtype=cfg.dtype,
-        device=cfg.device,
-        vllm=cfg.generation.vllm,
-    )
-    generation_s = time.perf_counter() - start
-    records = score(problems, completions, n, cfg)
-    correct = [[r.correct for r in records[i * n : (i + 1) * n]] for i in range(len(problems))]
-    answers = [[r.extracted_answer for r in records[i * n : (i + 1) * n]] for i in range(len(problems))]
+    with EnvironmentGroup(env_cfg.name, env_cfg.kwargs, backend="local") as env:
+        n = cfg.sampling.samples_per_prompt
+        params = sampling_params(cfg)
+        generator = LocalGenerator(
+            source.model,
+            tokenizer,
+            backend=cfg.generation.backend,
+            dtype=cfg.dtype,
+            device=cfg.device,
+            vllm=cfg.generation.vllm,
+            max_model_len=cfg.max_seq_len,
+            seed=params.seed or 0,
+        )
+        timer = Timer()
+        rollouts = run_rollouts(
+            tasks,
+            generations_per_prompt=n,
+            generator=generator,
+            environment=env,
+            tokenizer=tokenizer,
+            params=params,
+            batch_size=cfg.generation.batch_size,
+            max_turns=env_cfg.max_turns,
+            max_seq_len=cfg.max_seq_len,
+            max_observation_tokens=env_cfg.max_observation_tokens,
+            timer=timer,
+        )
+    generation_s = timer.pop().get("timing/generation", 0.0)
+    records = sample_records(rollouts, n)
+    correct = [[r.correct for r in records[i * n : (i + 1) * n]] for i in range(len(tasks))]
+    answers = [[r.extracted_answer for r in records[i * n : (i + 1) * n]] for i in range(len(tasks))]
     tokens = sum(r.num_tokens for r in records)
     summary: dict[str, Any] = {
         "model": cfg.model,
         "checkpoint": str(source.checkpoint) if source.checkpoint else None,
-        "num_problems": len(problems),
+        "num_problems": len(tasks),
         "samples_per_prompt": n,
         "temperature": cfg.generation.temperature,
         "top_p": cfg.generation.top_p,
         **summarize(correct, answers, cfg.sampling.k),
         "boxed_rate": sum(r.extracted_answer is not None for r in records) / len(records),
         "truncation_rate": sum(r.truncated for r in records) / len(records),
+        "mean_reward": sum(r.reward for r in records) / len(records),
+        "mean_turns": sum(r.turns for r in records) / len(records),
         "mean_completion_tokens": tokens / len(records),
         "generation_s": generation_s,
         "generated_tokens_per_s": tokens / max(generation_s, 1e-9),
+        **{k: v for k, v in rollouts.env_metrics.items() if k.startswith(("env/", "episode/"))},
     }
     write_outputs(out_dir, summary, records)
     return EvalResult(out_dir, summary, records)
