@@ -1,5 +1,5 @@
 """Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
-reward model, the sliding puzzle game, tools (calculator).
+reward model, reasoning-gym tasks, the sliding puzzle game, tools (calculator).
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
 See docs/environments.md for writing your own.
@@ -21,6 +21,7 @@ from posttrain.environments.interface import (
     task_start,
 )
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
+from posttrain.environments.reasoning_gym_env import ReasoningGymEnvironment
 from posttrain.environments.reward_model import RewardModelEnvironment
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
 from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
@@ -36,6 +37,7 @@ __all__ = [
     "EpisodeStart",
     "MathEnvironment",
     "Message",
+    "ReasoningGymEnvironment",
     "RewardFunctionEnvironment",
     "RewardModelEnvironment",
     "SlidingPuzzleEnvironment",

@@ -1,0 +1,241 @@
+"""Any reasoning-gym task by name (countdown, maze, sudoku, basic_arithmetic, ...), scored by that
+task's own `score_answer`; single-turn, or multi-turn "retry with feedback".
+
+Tasks come from the reasoning-gym dataset itself: `generate_tasks(count, seed)` gives
+`{"seed": seed, "size": count, "index": i}`, and `reset` rebuilds entry i of the dataset made
+with that seed and size (reasoning-gym generates entry i from the seed and i alone), so a fixed
+seed is a fixed held-out set. A task may also carry the entry itself (`question`, `answer`,
+`metadata`, as reasoning-gym writes it, e.g. a row of an exported JSONL file).
+
+The answer is read from the last `<answer>…</answer>` of the reply (`answer_format="answer_tag"`,
+reasoning-gym's own convention and system prompt) or from the last `\\boxed{}` (`"boxed"`). The
+score is `dataset.score_answer(answer, entry)` (a float in [0, 1]; some tasks give partial
+credit, e.g. countdown 0.01 for no answer). An answer is correct when its score reaches
+`success_threshold`.
+
+With `max_tries > 1`, a reply that is not correct gets the verdict back as the next user turn
+("... scored 0.05 out of 1, which is not correct. Try again ...") until it is correct or the tries
+run out. Intermediate turns have reward 0; the last turn's reward is the last try's score times
+`retry_discount ** (tries - 1)`.
+
+Some scorers run user text through sympy (countdown), which can hang on `9**9**9`: with
+`timeout_s` (the default) scoring runs in a persistent subprocess (`TimeoutPool`) and a sample
+past the limit scores 0 with `info["verifier_error"] = "timeout"`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any, Literal
+
+from posttrain.environments.interface import (
+    EnvStepResult,
+    EpisodeStart,
+    Message,
+    PooledEnvironment,
+    last_assistant_content,
+    register_environment,
+    verifier_error_metrics,
+)
+from posttrain.environments.math import extract_last_boxed
+from posttrain.environments.timeout_pool import TimeoutPool
+
+BOXED_SYSTEM_PROMPT = (
+    "Given a problem, your task is to answer the question by thinking step-by-step in a clear and "
+    "specific manner.\nOnce you have thought about the reasoning process, give the final answer "
+    "in \\boxed{}, like this: \\boxed{answer here}\nDo not explain your reasoning inside the box, "
+    "give only the final answer. When an example is provided, strictly follow the format of its answer."
+)
+
+_DATASETS: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+
+def load_dataset(name: str, config: dict[str, Any]) -> Any:
+    """A reasoning-gym dataset (`reasoning_gym.create_dataset(name, **config)`), cached (a few per process)."""
+    import reasoning_gym
+
+    key = (name, json.dumps(config, sort_keys=True, default=str))
+    if key not in _DATASETS:
+        _DATASETS[key] = reasoning_gym.create_dataset(name, **config)
+        if len(_DATASETS) > 8:
+            _DATASETS.popitem(last=False)
+    _DATASETS.move_to_end(key)
+    return _DATASETS[key]
+
+
+def score_with_dataset(name: str, config: dict[str, Any], answer: str | None, entry: dict[str, Any]) -> float:
+    """`score_answer(answer, entry)` of the named dataset (module level: it runs in `TimeoutPool` processes)."""
+    return float(load_dataset(name, config).score_answer(answer, entry))
+
+
+def extract_answer(reply: str, answer_format: str) -> str | None:
+    """The last `<answer>…</answer>` ("answer_tag") or the last `\\boxed{}` ("boxed") of a reply, stripped."""
+    if answer_format == "boxed":
+        return extract_last_boxed(reply)
+    from reasoning_gym.utils import extract_answer as extract_tag
+
+    return extract_tag(reply, tag_name="answer")
+
+
+@register_environment("reasoning_gym")
+class ReasoningGymEnvironment(PooledEnvironment):
+    """A reasoning-gym task as an environment (see the module docstring).
+
+    Args:
+        dataset: the reasoning-gym dataset name (`reasoning_gym.factory.DATASETS`).
+        dataset_config: its config fields (e.g. {"min_numbers": 3} for countdown), besides seed and size.
+        answer_format: "answer_tag" (`<answer>…</answer>`) or "boxed" (`\\boxed{}`).
+        system_prompt: the system message; None: reasoning-gym's default prompt for "answer_tag",
+            a \\boxed{} version of it for "boxed"; "": no system message.
+        max_tries: answers allowed per episode (1 = single-turn).
+        success_threshold: the score from which an answer counts as correct (ends the episode).
+        retry_discount: the final reward is multiplied by this for every try before the last.
+        timeout_s: limit for scoring one answer, in a subprocess; None scores in-process.
+        num_procs: scoring processes.
+
+    Metadata: the task's fields, "entry" (question, answer, metadata) and "tries" (answers so far).
+    Info per turn: "extracted_answer", "score", "correct", "tries", "verifier_error".
+    """
+
+    def __init__(
+        self,
+        dataset: str = "basic_arithmetic",
+        dataset_config: dict[str, Any] | None = None,
+        answer_format: Literal["answer_tag", "boxed"] = "answer_tag",
+        system_prompt: str | None = None,
+        max_tries: int = 1,
+        success_threshold: float = 1.0,
+        retry_discount: float = 1.0,
+        timeout_s: float | None = 10.0,
+        num_procs: int = 1,
+    ) -> None:
+        import reasoning_gym
+
+        if dataset not in reasoning_gym.factory.DATASETS:
+            raise ValueError(
+                f"unknown reasoning-gym dataset {dataset!r}; known: {sorted(reasoning_gym.factory.DATASETS)}"
+            )
+        if answer_format not in ("answer_tag", "boxed"):
+            raise ValueError(f"answer_format must be 'answer_tag' or 'boxed', got {answer_format!r}")
+        if max_tries < 1:
+            raise ValueError(f"max_tries must be >= 1, got {max_tries}")
+        self.dataset = dataset
+        self.dataset_config = dict(dataset_config or {})
+        self.answer_format = answer_format
+        if system_prompt is None:
+            system_prompt = (
+                reasoning_gym.utils.SYSTEM_PROMPTS["default"]
+                if answer_format == "answer_tag"
+                else BOXED_SYSTEM_PROMPT
+            )
+        self.system_prompt = system_prompt
+        self.max_tries = max_tries
+        self.success_threshold = success_threshold
+        self.retry_discount = retry_discount
+        self.timeout_s = timeout_s
+        self.num_procs = num_procs
+        self._pool: TimeoutPool | None = None
+
+    def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
+        """The first `count` entries of the dataset made with `seed` (and size `count`)."""
+        return [{"seed": seed, "size": count, "index": i} for i in range(count)]
+
+    def entry(self, task: dict[str, Any], seed: int) -> dict[str, Any]:
+        """The reasoning-gym entry of a task: its own question/answer/metadata, or entry "index" of the
+        dataset made with the task's "seed" (default: the episode's seed) and "size"."""
+        if "question" in task:
+            return {
+                "question": task["question"],
+                "answer": task.get("answer"),
+                "metadata": task.get("metadata", {}),
+            }
+        index = int(task.get("index", 0))
+        config = {
+            **self.dataset_config,
+            "seed": int(task.get("seed", seed)),
+            "size": int(task.get("size", index + 1)),
+        }
+        return load_dataset(self.dataset, config)[index]
+
+    def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
+        """One episode per task: the system prompt (if any) and the question."""
+        starts = []
+        for task, seed in zip(tasks, seeds, strict=True):
+            entry = self.entry(task, seed)
+            messages: list[Message] = [{"role": "user", "content": entry["question"]}]
+            if self.system_prompt:
+                messages.insert(0, {"role": "system", "content": self.system_prompt})
+            starts.append(EpisodeStart(messages, {**task, "entry": entry, "tries": 0}))
+        return starts
+
+    def _scores(
+        self, answers: list[str | None], entries: list[dict[str, Any]]
+    ) -> list[tuple[float, str | None]]:
+        """(score, error) per answer; a failed or timed-out scoring is (0.0, error)."""
+        args = [(self.dataset, self.dataset_config, a, e) for a, e in zip(answers, entries, strict=True)]
+        if self.timeout_s is None:
+            out = []
+            for a in args:
+                try:
+                    out.append((score_with_dataset(*a), None))
+                except Exception as e:  # one sample's failure scores it 0; the batch goes on
+                    out.append((0.0, f"exception: {type(e).__name__}: {e}"[:500]))
+            return out
+        if self._pool is None:
+            # the warm-up imports reasoning-gym and builds the dataset before the first timed call
+            warmup = (self.dataset, self.dataset_config, None, {})
+            self._pool = TimeoutPool(
+                score_with_dataset, timeout_s=self.timeout_s, num_procs=self.num_procs, warmup_args=warmup
+            )
+        return [(float(o.value), None) if o.ok else (0.0, o.error) for o in self._pool.map(args)]
+
+    def feedback(self, answer: str | None, score: float) -> str:
+        """The user turn after an answer that is not correct."""
+        fmt = "<answer>your answer</answer>" if self.answer_format == "answer_tag" else "\\boxed{your answer}"
+        if answer is None:
+            return f"I could not find your final answer. Try again, and give it as {fmt}."
+        return f"Your answer {answer!r} scored {score:g} out of 1, which is not correct. Try again, and give your final answer as {fmt}."
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
+        answers = [extract_answer(last_assistant_content(log), self.answer_format) for log in message_logs]
+        scores = self._scores(answers, [m["entry"] for m in metadata])
+        rewards, observations, done, new_metadata, info = [], [], [], [], []
+        for answer, (score, error), meta in zip(answers, scores, metadata, strict=True):
+            tries = meta.get("tries", 0) + 1
+            correct = error is None and score >= self.success_threshold
+            finished = correct or tries >= self.max_tries
+            rewards.append(score * self.retry_discount ** (tries - 1) if finished else 0.0)
+            observations.append(
+                None if finished else {"role": "user", "content": self.feedback(answer, score)}
+            )
+            done.append(finished)
+            new_metadata.append({**meta, "tries": tries})
+            info.append(
+                {
+                    "extracted_answer": answer,
+                    "score": score,
+                    "correct": correct,
+                    "tries": tries,
+                    "verifier_error": error,
+                }
+            )
+        return EnvStepResult(rewards, observations, done, new_metadata, info)
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        """Per turn: `env/answer_rate`, `env/score_mean`, verifier errors; over the episodes that ended:
+        `env/accuracy` (correct at the end), `env/first_try_accuracy`, `env/tries_per_episode`."""
+        n = max(len(results), 1)
+        metrics = {
+            "env/answer_rate": sum(i.get("extracted_answer") is not None for i in results.info) / n,
+            "env/score_mean": sum(i.get("score", 0.0) for i in results.info) / n,
+            **verifier_error_metrics(results),
+        }
+        ended = [i for i, d in zip(results.info, results.done, strict=True) if d]
+        if ended:
+            metrics["env/accuracy"] = sum(bool(i.get("correct")) for i in ended) / len(ended)
+            metrics["env/first_try_accuracy"] = sum(
+                bool(i.get("correct")) and i.get("tries") == 1 for i in ended
+            ) / len(ended)
+            metrics["env/tries_per_episode"] = sum(i.get("tries", 1) for i in ended) / len(ended)
+        return metrics

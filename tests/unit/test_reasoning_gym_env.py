@@ -1,0 +1,200 @@
+"""reasoning-gym environment: tasks from a seed, the real datasets' own scorers (basic_arithmetic,
+countdown, maze, mini_sudoku), both answer formats, retry with feedback, and scorers that fail
+or hang."""
+
+from __future__ import annotations
+
+import pytest
+import reasoning_gym
+
+from posttrain.environments import ENVIRONMENTS
+from posttrain.environments.reasoning_gym_env import (
+    BOXED_SYSTEM_PROMPT,
+    ReasoningGymEnvironment,
+    extract_answer,
+)
+
+MINI_SUDOKU_SOLUTION = "2 4 1 3\n3 1 4 2\n4 2 3 1\n1 3 2 4"  # mini_sudoku, seed 3, entry 0
+
+
+def start_and_reply(env: ReasoningGymEnvironment, task: dict, *replies: str) -> list:
+    """Play the replies in one episode (stopping when it ends); return every step result."""
+    [start] = env.reset([task], [0])
+    log, meta, results = list(start.messages), start.metadata, []
+    for reply in replies:
+        log.append({"role": "assistant", "content": reply})
+        result = env.step([log], [meta])
+        results.append(result)
+        if result.done[0]:
+            break
+        log.append(result.observations[0])
+        meta = result.metadata[0]
+    return results
+
+
+@pytest.fixture(scope="module")
+def arithmetic() -> ReasoningGymEnvironment:
+    env = ReasoningGymEnvironment("basic_arithmetic", timeout_s=None)
+    yield env
+    env.close()
+
+
+def test_tasks_are_the_datasets_entries(arithmetic: ReasoningGymEnvironment) -> None:
+    tasks = arithmetic.generate_tasks(4, seed=3)
+    assert tasks == [{"seed": 3, "size": 4, "index": i} for i in range(4)]
+    starts = arithmetic.reset(tasks, [0, 0, 0, 0])
+    direct = reasoning_gym.create_dataset("basic_arithmetic", seed=3, size=4)
+    assert [s.messages[-1]["content"] for s in starts] == [direct[i]["question"] for i in range(4)]
+    # hand-checked: (56 + -33) - 84 = -61 and 478 / 1 + -682 = -204
+    assert starts[0].messages[-1] == {"role": "user", "content": "Calculate ( 56 + -33 ) - 84."}
+    assert (starts[0].metadata["entry"]["answer"], starts[1].metadata["entry"]["answer"]) == ("-61", "-204")
+    assert starts[0].messages[0] == {
+        "role": "system",
+        "content": reasoning_gym.utils.SYSTEM_PROMPTS["default"],
+    }
+    assert starts[0].metadata["tries"] == 0 and starts[0].metadata["index"] == 0
+    # a task without its own seed takes the episode's; one that carries its entry uses it
+    [seeded] = arithmetic.reset([{}], [3])
+    assert seeded.messages[-1]["content"] == "Calculate ( 56 + -33 ) - 84."
+    [own] = arithmetic.reset([{"question": "Calculate 2 + 2.", "answer": "4", "metadata": {}}], [0])
+    assert own.messages[-1]["content"] == "Calculate 2 + 2." and own.metadata["entry"]["answer"] == "4"
+
+
+def test_single_turn_scores_with_the_datasets_scorer(arithmetic: ReasoningGymEnvironment) -> None:
+    task = {"seed": 3, "size": 4, "index": 0}
+    replies = {
+        "23 - 84 = -61, so <answer>-61</answer>": 1.0,
+        "<answer>-60</answer>": 0.0,
+        "-61": 0.0,  # no answer tag
+    }
+    for reply, reward in replies.items():
+        [result] = start_and_reply(arithmetic, task, reply)
+        assert result.done == [True] and result.observations == [None]
+        assert result.rewards == [reward], reply
+    [result] = start_and_reply(arithmetic, task, "<answer>-61</answer>")
+    assert result.info == [
+        {"extracted_answer": "-61", "score": 1.0, "correct": True, "tries": 1, "verifier_error": None}
+    ]
+
+
+def test_countdown_maze_and_mini_sudoku() -> None:
+    countdown = ReasoningGymEnvironment("countdown", timeout_s=None)
+    task = {"seed": 3, "size": 2, "index": 0}  # make 119 from 67, 50, 20, 82
+    # an expression other than the dataset's own answer, still right: the scorer evaluates it
+    assert start_and_reply(countdown, task, "<answer>82 + 67 + 20 - 50</answer>")[0].rewards == [1.0]
+    # countdown's partial credit: all numbers but the wrong value 0.05, no answer 0.01
+    assert start_and_reply(countdown, task, "<answer>82 + 67 - 20 + 50</answer>")[0].rewards == [0.05]
+    assert start_and_reply(countdown, task, "I give up")[0].rewards == [0.01]
+
+    maze = ReasoningGymEnvironment("maze", timeout_s=None)
+    # hand-traced shortest path of seed 3 entry 0: 7 steps
+    assert start_and_reply(maze, {"seed": 3, "size": 2, "index": 0}, "<answer>7</answer>")[0].rewards == [1.0]
+    assert start_and_reply(maze, {"seed": 3, "size": 2, "index": 0}, "<answer>8</answer>")[0].rewards == [0.0]
+
+    sudoku = ReasoningGymEnvironment("mini_sudoku", answer_format="boxed", timeout_s=None)
+    task = {"seed": 3, "size": 2, "index": 0}
+    assert start_and_reply(sudoku, task, f"\\boxed{{{MINI_SUDOKU_SOLUTION}}}")[0].rewards == [1.0]
+    swapped = MINI_SUDOKU_SOLUTION.replace("2 4 1 3", "4 2 1 3")
+    # 14 of 16 cells right, times mini_sudoku's 0.9 for an answer that is not the exact grid
+    assert start_and_reply(sudoku, task, f"\\boxed{{{swapped}}}")[0].rewards == [pytest.approx(0.9 * 14 / 16)]
+
+
+def test_answer_formats_and_system_prompts() -> None:
+    assert extract_answer("<answer>1</answer> then <answer> 2 </answer>", "answer_tag") == "2"
+    assert extract_answer("\\boxed{3} <answer>2</answer>", "boxed") == "3"
+    assert extract_answer("no tag", "answer_tag") is None
+    boxed = ReasoningGymEnvironment("basic_arithmetic", answer_format="boxed", timeout_s=None)
+    [start] = boxed.reset([{"seed": 3, "size": 4, "index": 0}], [0])
+    assert start.messages[0] == {"role": "system", "content": BOXED_SYSTEM_PROMPT}
+    assert start_and_reply(boxed, {"seed": 3, "size": 4, "index": 0}, "\\boxed{-61}")[0].rewards == [1.0]
+    [bare] = ReasoningGymEnvironment(system_prompt="", timeout_s=None).reset([{}], [3])
+    assert [m["role"] for m in bare.messages] == ["user"]
+
+
+def test_retry_with_feedback() -> None:
+    env = ReasoningGymEnvironment("basic_arithmetic", max_tries=3, retry_discount=0.5, timeout_s=None)
+    task = {"seed": 3, "size": 4, "index": 0}
+    first, second = start_and_reply(env, task, "<answer>-60</answer>", "<answer>-61</answer>", "unused")
+    assert first.done == [False] and first.rewards == [0.0] and first.metadata[0]["tries"] == 1
+    assert first.observations == [
+        {
+            "role": "user",
+            "content": "Your answer '-60' scored 0 out of 1, which is not correct. Try again, and give your "
+            "final answer as <answer>your answer</answer>.",
+        }
+    ]
+    assert second.done == [True] and second.rewards == [0.5]  # right on the second try: discounted once
+    assert second.info[0]["tries"] == 2 and second.info[0]["correct"] is True
+    # no answer at all: the feedback says so; out of tries, the last try's score ends the episode
+    results = start_and_reply(env, task, "hmm", "<answer>1</answer>", "<answer>2</answer>")
+    assert results[0].observations[0]["content"] == (
+        "I could not find your final answer. Try again, and give it as <answer>your answer</answer>."
+    )
+    assert [r.done[0] for r in results] == [False, False, True]
+    assert [r.rewards[0] for r in results] == [0.0, 0.0, 0.0]
+    assert env.batch_metrics(results[-1])["env/tries_per_episode"] == 3.0
+
+
+def test_batch_metrics() -> None:
+    env = ReasoningGymEnvironment("basic_arithmetic", max_tries=2, timeout_s=None)
+    starts = env.reset(env.generate_tasks(3, seed=3), [0, 0, 0])
+    metas = [s.metadata for s in starts]
+    metas[2] = {**metas[2], "tries": 1}  # on its last try
+    replies = ["<answer>-61</answer>", "no answer", "<answer>0</answer>"]
+    logs = [[*s.messages, {"role": "assistant", "content": r}] for s, r in zip(starts, replies, strict=True)]
+    result = env.step(logs, metas)
+    assert result.done == [True, False, True]
+    assert env.batch_metrics(result) == {
+        "env/answer_rate": 2 / 3,
+        "env/score_mean": 1 / 3,
+        "env/verifier_errors": 0.0,
+        "env/verifier_timeouts": 0.0,
+        "env/accuracy": 0.5,
+        "env/first_try_accuracy": 0.5,
+        "env/tries_per_episode": 1.5,
+    }
+
+
+@pytest.mark.parametrize("timeout_s", [None, 30.0])
+def test_a_scorer_that_raises_scores_zero(timeout_s: float | None) -> None:
+    env = ReasoningGymEnvironment("mini_sudoku", answer_format="boxed", timeout_s=timeout_s)
+    try:
+        # a row that lost its metadata: mini_sudoku's scorer reads metadata["solution"] and raises
+        broken = {"question": "Solve it", "answer": MINI_SUDOKU_SOLUTION, "metadata": {}}
+        good = {"seed": 3, "size": 2, "index": 0}
+        starts = env.reset([broken, good], [0, 0])
+        reply = f"\\boxed{{{MINI_SUDOKU_SOLUTION}}}"
+        logs = [[*s.messages, {"role": "assistant", "content": reply}] for s in starts]
+        result = env.step(logs, [s.metadata for s in starts])
+        assert result.rewards == [0.0, 1.0] and result.done == [True, True]
+        assert result.info[0]["verifier_error"] == "exception: KeyError: 'solution'"
+        assert env.batch_metrics(result)["env/verifier_errors"] == 1.0
+    finally:
+        env.close()
+
+
+def test_a_scorer_that_hangs_times_out() -> None:
+    env = ReasoningGymEnvironment("countdown", timeout_s=2.0)
+    try:
+        starts = env.reset(env.generate_tasks(2, seed=3), [0, 0])
+        # countdown's scorer hands the expression to sympy, which computes 9**(9**9) for a long time
+        replies = ["<answer>9**9**9</answer>", "<answer>39 - 14 + 93 + 51</answer>"]
+        logs = [
+            [*s.messages, {"role": "assistant", "content": r}] for s, r in zip(starts, replies, strict=True)
+        ]
+        result = env.step(logs, [s.metadata for s in starts])
+        assert result.rewards == [0.0, 1.0]
+        assert result.info[0]["verifier_error"] == "timeout"
+        assert env.batch_metrics(result)["env/verifier_timeouts"] == 1.0
+    finally:
+        env.close()
+
+
+def test_registered_and_validated() -> None:
+    assert ENVIRONMENTS["reasoning_gym"] is ReasoningGymEnvironment
+    with pytest.raises(ValueError, match="unknown reasoning-gym dataset 'sudokuu'"):
+        ReasoningGymEnvironment("sudokuu")
+    with pytest.raises(ValueError, match="answer_format"):
+        ReasoningGymEnvironment(answer_format="xml")
+    with pytest.raises(ValueError, match="max_tries"):
+        ReasoningGymEnvironment(max_tries=0)
