@@ -1,0 +1,254 @@
+"""Continuous batching for posttrain's HF sampler: rows join and leave a running decode batch.
+
+Multi-turn episodes do not wait for each other: when an episode's turn ends, its environment
+step runs and it rejoins the batch with its next prompt while the other rows keep decoding (no
+turn barrier). `ContinuousDecoder` holds the running batch:
+
+- `add(keys, prompts)`: prefill new rows (each distinct prompt once) and merge their KV cache
+  into the running one. Rows are right-aligned on a shared column: a row whose prompt is shorter
+  than the running batch's cache is left-padded (masked), and when a new prompt is longer the
+  running rows are shifted right in a new buffer (a copy of the cache, the price of joining).
+- `step()`: sample one token for every row (one forward of the whole batch), return each row's
+  token and logprob, and drop the rows that finished (EOS, a stop string, or their token budget).
+
+The distribution sampled is the sampler's (`choose_tokens`: softmax(logits / T), top-k, top-p,
+logprobs before truncation), and attention is the same SDPA call with the same masks and
+position ids, so a batch whose rows all join at once decodes exactly like `sample` (tested).
+Only full-attention caches are supported (every layer a `DynamicLayer`); models with
+sliding-window layers use the turn-by-turn loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from posttrain.models.attention import GQA_SDPA_ATTENTION, attention_implementation
+from posttrain.models.sampler import _hits_stop_string, choose_tokens, left_pad
+
+
+class SlotLayer(DynamicLayer):
+    """A full-attention KV layer over buffers [B, H, capacity, D], every row right-aligned so that
+    all rows write their next token at the same column `length`."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        super().__init__()
+        batch, heads, length, dim = keys.shape
+        self.lazy_initialization(keys, values)
+        self.key_buffer = keys.new_zeros(batch, heads, capacity, dim)
+        self.value_buffer = values.new_zeros(batch, heads, capacity, values.shape[-1])
+        self.key_buffer[:, :, :length] = keys
+        self.value_buffer[:, :, :length] = values
+        self.capacity, self.length = capacity, length
+        self._views()
+
+    def _views(self) -> None:
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self._views()
+        return self.keys, self.values
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.key_buffer = self.key_buffer.index_select(0, index)
+        self.value_buffer = self.value_buffer.index_select(0, index)
+        self._views()
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+def _merge(old: SlotLayer | None, new_keys: torch.Tensor, new_values: torch.Tensor, room: int) -> SlotLayer:
+    """The running rows and new rows in one right-aligned layer with `room` free columns."""
+    if old is None:
+        return SlotLayer(new_keys, new_values, new_keys.shape[2] + room)
+    length = max(old.length, new_keys.shape[2])
+    keys = _right_align([old.keys, new_keys], length)
+    values = _right_align([old.values, new_values], length)
+    return SlotLayer(keys, values, length + room)
+
+
+def _right_align(parts: list[torch.Tensor], length: int) -> torch.Tensor:
+    """Concatenate [b_i, H, L_i, D] tensors over the batch, each left-padded with zeros to `length`."""
+    padded = [torch.nn.functional.pad(p, (0, 0, length - p.shape[2], 0)) for p in parts]
+    return torch.cat(padded, dim=0)
+
+
+@dataclass
+class Row:
+    """One row of the running batch: whose it is and what it has generated in this call."""
+
+    key: Any
+    budget: int
+    stop_strings: tuple[str, ...] = ()
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finished_by: str = ""  # "eos" | "stop" | "length" once finished
+
+
+class ContinuousDecoder:
+    """A running decode batch that rows join (`add`) and leave (finished rows, after `step`).
+
+    Args:
+        model: a causal LM (eval mode is the caller's business, as in `sample`).
+        eos_ids: tokens that end a row.
+        pad_id: the padding token of left-padded prompts.
+        temperature, top_p, top_k: as in `sample`.
+        tokenizer: needed for stop strings.
+        generator: a seeded `torch.Generator` for reproducible sampling, or None.
+        room: free cache columns allocated past the longest row at each merge (more: fewer re-layouts).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_ids: set[int],
+        pad_id: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        tokenizer: Any = None,
+        generator: torch.Generator | None = None,
+        room: int = 64,
+    ) -> None:
+        if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=model.config).layers):
+            raise ValueError("continuous batching needs a full-attention KV cache (no sliding-window layers)")
+        self.model, self.eos_ids, self.pad_id = model, eos_ids, pad_id
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.tokenizer, self.generator, self.room = tokenizer, generator, room
+        self.device = next(model.parameters()).device
+        self.rows: list[Row] = []
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.logits = torch.zeros(0, 0, device=self.device)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _forward(self, **inputs: Any) -> Any:
+        """The model's forward, with the sampler's grouped-query SDPA kernel when it uses SDPA."""
+        if getattr(self.model.config, "_attn_implementation", None) != "sdpa":
+            return self.model(**inputs)
+        with attention_implementation(self.model, GQA_SDPA_ATTENTION):
+            return self.model(**inputs)
+
+    @torch.no_grad()
+    def add(
+        self,
+        keys: list[Any],
+        prompts: list[list[int]],
+        budgets: list[int],
+        stop_strings: list[tuple[str, ...]],
+    ) -> None:
+        """Prefill `prompts` (each distinct one once) and join them to the running batch."""
+        if not prompts:
+            return
+        if any(s for s in stop_strings) and self.tokenizer is None:
+            raise ValueError("stop strings need the tokenizer to decode the generated text")
+        distinct: dict[tuple[int, ...], int] = {}
+        source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        ids, mask = left_pad([list(p) for p in distinct], self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        fresh = DynamicCache(config=self.model.config)
+        out = self._forward(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=fresh,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        rows = torch.tensor(source, device=self.device)
+        new_logits = out.logits[:, -1][rows]
+        new_mask = mask[rows]
+        self._join(fresh, rows, new_mask, new_logits)
+        self.rows += [Row(k, b, tuple(s)) for k, b, s in zip(keys, budgets, stop_strings, strict=True)]
+
+    def _join(
+        self, fresh: DynamicCache, rows: torch.Tensor, new_mask: torch.Tensor, new_logits: torch.Tensor
+    ) -> None:
+        length = max(self.mask.shape[1], new_mask.shape[1])
+        layers = []
+        for i, layer in enumerate(fresh.layers):
+            old = self.cache.layers[i] if self.cache is not None else None
+            layers.append(_merge(old, layer.keys[rows], layer.values[rows], self.room))
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = layers
+        self.cache = cache
+        pad = torch.nn.functional.pad
+        self.mask = torch.cat(
+            [pad(self.mask, (length - self.mask.shape[1], 0)), pad(new_mask, (length - new_mask.shape[1], 0))]
+        )
+        self.positions = torch.cat([self.positions, new_mask.sum(-1)])
+        self.logits = new_logits if not len(self.rows) else torch.cat([self.logits, new_logits])
+
+    @torch.no_grad()
+    def step(self) -> list[Row]:
+        """Sample one token for every row; returns the rows that finished (they leave the batch)."""
+        if not self.rows:
+            return []
+        tokens, logprobs = choose_tokens(
+            self.logits,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            generator=self.generator,
+        )
+        finished = []
+        for row, token, logprob in zip(self.rows, tokens.tolist(), logprobs.tolist(), strict=True):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            if token in self.eos_ids:
+                row.finished_by = "eos"
+            elif row.stop_strings and _hits_stop_string(row.tokens, row.stop_strings, self.tokenizer):
+                row.finished_by = "stop"
+            elif len(row.tokens) >= row.budget:
+                row.finished_by = "length"
+            if row.finished_by:
+                finished.append(row)
+        keep = [i for i, row in enumerate(self.rows) if not row.finished_by]
+        if len(keep) < len(self.rows):
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                layer.keep_rows(index)
+            tokens, self.mask, self.positions = tokens[index], self.mask[index], self.positions[index]
+            self.rows = [self.rows[i] for i in keep]
+        if not self.rows:
+            self.cache, self.mask = None, self.mask[:0, :0]
+            self.positions, self.logits = self.positions[:0], self.logits[:0]
+            return finished
+        if self.cache.layers[0].length >= self.cache.layers[0].capacity:
+            self._grow()
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=-1)
+        out = self._forward(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=self.positions[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.logits = out.logits[:, -1]
+        self.positions = self.positions + 1
+        return finished
+
+    def _grow(self) -> None:
+        """More free cache columns for the running rows (a copy into larger buffers)."""
+        layers = [
+            SlotLayer(layer.keys, layer.values, layer.length + self.room) for layer in self.cache.layers
+        ]
+        self.cache.layers = layers
