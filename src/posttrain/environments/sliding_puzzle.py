@@ -221,6 +221,7 @@ class SlidingPuzzleEnvironment:
 
     Tasks are `{"size": int, "shuffle_moves": int, "puzzle_seed": int}` (from `generate_tasks`);
     `reset` turns each into its board deterministically, so a fixed list of tasks is a held-out set.
+    A task without "puzzle_seed" takes the episode's seed; a task's "max_moves" overrides the default.
 
     Args:
         min_size, max_size: board sizes drawn by `generate_tasks` (inclusive).
