@@ -175,6 +175,8 @@ def test_reset_is_deterministic_and_starts_the_episode() -> None:
     # a task without its own seed takes the episode's seed
     unseeded = env.reset([{"size": 2, "shuffle_moves": 3}] * 2, [3, 3])
     assert unseeded[0].metadata["grid"] == shuffled_grid(2, 3, 3)
+    # and a task's own max_moves wins over the environment's
+    assert env.reset([{**task, "max_moves": 5}], [0])[0].metadata["max_moves"] == 5
 
 
 def test_oracle_policy_solves_every_puzzle_through_step() -> None:
