@@ -22,8 +22,8 @@ def open_pool(backend: str, **overrides: object) -> SandboxPool:
         pytest.skip(f"sandbox backend {backend} is not usable here: {str(err)[:500]}")
 
 
-def sandbox_pids() -> list[int]:
-    """Host pids of processes running under a sandbox uid (model code and what it forked)."""
+def sandbox_pids(uids: set[int] | None = None) -> list[int]:
+    """Host pids of processes running under a sandbox uid (or one of ``uids``)."""
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -31,15 +31,15 @@ def sandbox_pids() -> list[int]:
                 uid = os.stat(f"/proc/{name}").st_uid
             except OSError:
                 continue
-            if UID_BASE <= uid < UID_BASE + 500_000_000:
+            if uid in uids if uids is not None else UID_BASE <= uid < UID_BASE + 500_000_000:
                 out.append(int(name))
     return out
 
 
-def wait_for_at_most(n: int, timeout_s: float = 10.0) -> list[int]:
-    """Wait (bounded) until at most ``n`` sandbox processes remain; return what remains."""
+def wait_gone(uids: set[int], timeout_s: float = 10.0) -> list[int]:
+    """Wait (bounded) until no process runs under ``uids``; return what is left."""
     end = time.monotonic() + timeout_s
-    while (pids := sandbox_pids()) and len(pids) > n and time.monotonic() < end:
+    while (pids := sandbox_pids(uids)) and time.monotonic() < end:
         time.sleep(0.05)
     return pids
 
@@ -54,12 +54,13 @@ def _ppid(pid: int) -> int:
 
 
 def leftovers(pool: SandboxPool, timeout_s: float = 10.0) -> list[int]:
-    """Sandbox processes that are not (under) one of the pool's waiting spares, after a bounded wait."""
+    """Processes of the pool's uids that are not (under) one of its waiting spares (bounded wait)."""
     spares = {s.future.result().popen.pid for s in pool._slots if s.future is not None}
+    uids = {s.uid for s in pool._slots}
     end = time.monotonic() + timeout_s
     while True:
         stray = []
-        for pid in sandbox_pids():
+        for pid in sandbox_pids(uids):
             chain, p = set(), pid
             for _ in range(8):
                 p = _ppid(p)

@@ -22,7 +22,7 @@ from sandbox_helpers import (
     assert_healthy,
     leftovers,
     open_pool,
-    wait_for_at_most,
+    wait_gone,
 )
 
 from posttrain.sandbox import SandboxPool
@@ -41,8 +41,9 @@ def pool(request: pytest.FixtureRequest) -> Iterator[SandboxPool]:
     # The attacks include kill(-1): never run them without pid namespace and uid drop.
     assert prot["safe"] and prot["pid_namespace"] and prot["uid_dropped"], p.describe()
     yield p
+    uids = {s.uid for s in p._slots}
     p.close()
-    assert wait_for_at_most(0) == [], "sandbox processes left after the pool closed"
+    assert wait_gone(uids) == [], "sandbox processes left after the pool closed"
 
 
 @pytest.fixture(autouse=True)

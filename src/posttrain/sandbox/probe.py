@@ -54,7 +54,7 @@ print(json.dumps(r))
 """
 
 
-class SandboxUnsafeError(RuntimeError):
+class SandboxUnsafeError(SandboxError):
     """No backend isolates network and filesystem here, and ``allow_unsafe`` is off."""
 
 
