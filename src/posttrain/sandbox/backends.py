@@ -108,6 +108,8 @@ def bwrap_args(bwrap: str, ops: list[list], user_namespace: bool) -> tuple[str, 
     args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     if user_namespace:
         args += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+    else:  # as root: keep only what the child needs to setuid() away (which drops these too)
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     for op in ops:
         kind = op[0]
         if kind == "ro":
