@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from posttrain.data.tokenize import encode_prompt, observation_ids
 from posttrain.environments.interface import EnvStepResult, EpisodeStart
@@ -206,3 +207,49 @@ def test_tools_are_written_into_the_system_prompt_for_templates_without_tool_sup
 def test_a_prompt_longer_than_max_seq_len_is_a_clear_error(tokenizer):
     with pytest.raises(ValueError, match="max_seq_len"):
         _run(tokenizer, Counter(), ["x"], [{"start": 1}], max_seq_len=8)
+
+
+@pytest.mark.parametrize("env_name", ["counter", "sliding_puzzle"])
+def test_continuous_episodes_equal_turn_by_turn_when_greedy(tmp_path_factory, tokenizer, env_name):
+    """Without a turn barrier episodes decode in one continuous batch, joining and leaving as their
+    turns end; greedy decoding gives every row the tokens it gets alone, so both loops build the same
+    trajectories (ids, masks, logprobs to fp32 rounding, rewards, turns). Tiny random model, real
+    environments (the sliding puzzle's observations differ by reply)."""
+    from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
+    from posttrain.models.text_generation import LocalGenerator
+
+    from conftest import make_tiny_model_dir
+
+    # a wide init: greedy replies differ by prompt and in length (no near-ties between tokens)
+    model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("wide"), tokenizer, initializer_range=0.1)
+    generator = LocalGenerator(str(model_dir), tokenizer, backend="hf", device="cpu")
+    if env_name == "counter":
+        env, tasks = Counter(turns=3), [{"start": 1}, {"start": 2}]
+    else:
+        env = SlidingPuzzleEnvironment(max_moves=3)
+        tasks = env.generate_tasks(2, seed=5)
+    out = {}
+    for barrier in (True, False):
+        out[barrier] = run_rollouts(
+            tasks,
+            generations_per_prompt=2,
+            generator=generator,
+            environment=env,
+            tokenizer=tokenizer,
+            # stop strings a random model's text soon contains, so that turns end and episodes go on
+            params=SamplingParams(temperature=0.0, max_new_tokens=10, stop_strings=("e", "a", "o")),
+            batch_size=3,  # fewer rows than episodes: later episodes join as others leave
+            max_turns=3,
+            max_seq_len=400,
+            turn_barrier=barrier,
+        )
+    for a, b in zip(out[True].trajectories, out[False].trajectories, strict=True):
+        assert a.input_ids == b.input_ids and a.loss_mask == b.loss_mask
+        assert a.turn_spans == b.turn_spans and a.turn_rewards == b.turn_rewards
+        assert a.stop_reason == b.stop_reason and a.messages == b.messages
+        torch.testing.assert_close(
+            torch.tensor(a.generation_logprobs), torch.tensor(b.generation_logprobs), rtol=0, atol=1e-5
+        )
+    assert sum(t.num_turns for t in out[False].trajectories) > len(
+        out[False].trajectories
+    )  # several turns ran

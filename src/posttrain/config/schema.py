@@ -439,6 +439,13 @@ class EnvironmentConfig(Strict):
         "(its start and end are kept); null: never cut. An episode that would exceed "
         "policy.max_seq_len ends, truncated, either way.",
     )
+    turn_barrier: bool = Field(
+        False,
+        description="Multi-turn episodes: false: each episode's next turn starts as soon as its "
+        "observation is ready, in a continuously batched decode (HF backend); true: the turn-by-turn "
+        "loop (every episode generates, then every one is stepped). vLLM and an FSDP2-sharded "
+        "colocated policy always use the turn-by-turn loop.",
+    )
 
 
 class LossConfig(Strict):

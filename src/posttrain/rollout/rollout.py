@@ -227,6 +227,48 @@ def append_observation(t: Trajectory, extra: list[int], observation: list[Messag
     return True
 
 
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """What bounds an episode: turns, the whole sequence's tokens, one observation's tokens."""
+
+    max_turns: int
+    max_seq_len: int
+    max_observation_tokens: int | None = None
+
+
+def record_turn(
+    t: Trajectory, ids: list[int], lps: list[float], truncated: bool, tokenizer: Any, max_seq_len: int
+) -> list[int]:
+    """Append a generated turn (tokens as generated, cut at max_seq_len) and its assistant message;
+    returns the token ids kept."""
+    ids = append_generated(t, ids, lps, truncated, max_seq_len)
+    t.messages.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
+    return ids
+
+
+def apply_step(
+    t: Trajectory, result: EnvStepResult, j: int, turn_ids: list[int], tokenizer: Any, limits: EpisodeLimits
+) -> None:
+    """Take sample j of an environment step into trajectory t: reward, state, and either the end of
+    the episode (done, truncated, or out of turns) or the observation's tokens for the next turn."""
+    t.reward += result.rewards[j]
+    t.turn_rewards.append(result.rewards[j])
+    t.metadata = result.metadata[j]
+    t.info = result.info[j] if result.info else {}
+    t.scored = t.scored and result.scored[j]
+    t.stop_strings = result.stop_strings[j] if result.stop_strings[j] is not None else t.stop_strings
+    observation = result.observations[j]
+    env_done = result.done[j] or observation is None
+    t.done = env_done or t.truncated or t.num_turns >= limits.max_turns
+    if t.done:
+        t.stop_reason = "done" if env_done else "truncated" if t.truncated else "max_turns"
+        return
+    messages = [
+        cut_middle(tokenizer, m, limits.max_observation_tokens) for m in observation_messages(observation)
+    ]
+    append_observation(t, observation_ids(tokenizer, turn_ids, messages), messages, limits.max_seq_len)
+
+
 def run_rollouts(
     tasks: list[dict[str, Any]],
     *,
@@ -241,10 +283,18 @@ def run_rollouts(
     max_observation_tokens: int | None = None,
     first_group_id: int = 0,
     timer: Timer | None = None,
+    turn_barrier: bool = True,
 ) -> Rollouts:
-    """Episodes for `tasks` (G each), turn by turn: every active episode generates, then every one
-    is stepped by the environment."""
+    """Episodes for `tasks` (G each).
+
+    With `turn_barrier` (and always for one turn) they go turn by turn: every active episode
+    generates, then every one is stepped by the environment. Without it each episode's next turn
+    starts as soon as its observation is ready, in a continuously batched decode on each worker
+    (`posttrain.rollout.continuous`; posttrain's HF sampler, not vLLM or an FSDP2-sharded policy:
+    the caller keeps the barrier for those). Environment time then counts in `timing/generation`.
+    """
     timer = timer or Timer()
+    limits = EpisodeLimits(max_turns, max_seq_len, max_observation_tokens)
     seeds = [first_group_id + i for i in range(len(tasks))]
     with timer("rewards"):
         starts = [tools_for_template(tokenizer, s) for s in start_episodes(environment, tasks, seeds)]
@@ -258,43 +308,49 @@ def run_rollouts(
     trajectories = new_trajectories(
         starts, prompts, generations_per_prompt=generations_per_prompt, first_group_id=first_group_id
     )
+    if not turn_barrier and max_turns > 1:
+        from posttrain.rollout.continuous import run_continuous
+
+        with timer("generation"):
+            trajectories, results = run_continuous(
+                generator, trajectories, environment, tokenizer, params, batch_size, limits
+            )
+    else:
+        results = turn_by_turn(
+            trajectories, generator, environment, tokenizer, params, batch_size, limits, timer
+        )
+    metrics = environment.batch_metrics(EnvStepResult.concat(results)) if results else {}
+    return Rollouts(trajectories, {**metrics, **episode_metrics(trajectories)})
+
+
+def turn_by_turn(
+    trajectories: list[Trajectory],
+    generator: Generates,
+    environment: Steps,
+    tokenizer: Any,
+    params: SamplingParams,
+    batch_size: int,
+    limits: EpisodeLimits,
+    timer: Timer,
+) -> list[EnvStepResult]:
+    """The turn-synchronous loop: all active episodes generate a turn, then all are stepped."""
     results: list[EnvStepResult] = []
-    for turn in range(max_turns):
+    for _ in range(limits.max_turns):
         active = [t for t in trajectories if not t.done]
         if not active:
             break
         with timer("generation"):
             generated = generate_turn(generator, active, params, batch_size)
-        turn_ids = []  # this turn's generated tokens per active trajectory, as generated
-        for t, (ids, lps, truncated) in zip(active, generated, strict=True):
-            ids = append_generated(t, ids, lps, truncated, max_seq_len)
-            turn_ids.append(ids)
-            t.messages.append(
-                {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
-            )
+        turn_ids = [
+            record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len)
+            for t, (ids, lps, truncated) in zip(active, generated, strict=True)
+        ]
         with timer("rewards"):
             result = environment.step([t.messages for t in active], [t.metadata for t in active])
         results.append(result)
-        last_turn = turn == max_turns - 1
         for j, t in enumerate(active):
-            t.reward += result.rewards[j]
-            t.turn_rewards.append(result.rewards[j])
-            t.metadata = result.metadata[j]
-            t.info = result.info[j] if result.info else {}
-            t.scored = t.scored and result.scored[j]
-            t.stop_strings = result.stop_strings[j] if result.stop_strings[j] is not None else t.stop_strings
-            observation = result.observations[j]
-            env_done = result.done[j] or observation is None
-            t.done = env_done or t.truncated or last_turn
-            if t.done:
-                t.stop_reason = "done" if env_done else "truncated" if t.truncated else "max_turns"
-                continue
-            messages = [
-                cut_middle(tokenizer, m, max_observation_tokens) for m in observation_messages(observation)
-            ]
-            append_observation(t, observation_ids(tokenizer, turn_ids[j], messages), messages, max_seq_len)
-    metrics = environment.batch_metrics(EnvStepResult.concat(results)) if results else {}
-    return Rollouts(trajectories, {**metrics, **episode_metrics(trajectories)})
+            apply_step(t, result, j, turn_ids[j], tokenizer, limits)
+    return results
 
 
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:

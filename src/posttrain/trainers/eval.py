@@ -180,6 +180,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
             max_seq_len=cfg.max_seq_len,
             max_observation_tokens=env_cfg.max_observation_tokens,
             timer=timer,
+            turn_barrier=env_cfg.turn_barrier or cfg.generation.backend == "vllm",
         )
     generation_s = timer.pop().get("timing/generation", 0.0)
     records = sample_records(rollouts, n)

@@ -1,0 +1,159 @@
+"""Multi-turn episodes without a turn barrier: each episode's next turn starts when its observation is
+ready, inside one continuously batched decode (`posttrain.models.continuous.ContinuousDecoder`).
+
+    queue = every episode's prompt
+    while episodes are running or queued:
+        rows from the queue join the decode batch (up to batch_size rows)
+        one decode step for every row
+        the rows whose turn ended leave: their environment step runs now (one batched call for the
+        rows that ended on the same step); an episode that goes on joins the queue with its
+        observation appended
+
+Where the turn-by-turn loop waits for the batch's longest reply before any environment step, and
+for every environment step before the next turn, here a short reply's episode is stepped and
+decoding again while long replies are still being written. The sequences, masks, rewards and
+bookkeeping are the same functions as the turn-by-turn loop's (`record_turn`, `apply_step`).
+
+The loop runs where the model is: in each generation (or colocated policy) worker, on that worker's
+share of the episodes (whole groups), calling the environment itself (`run_with_model`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from posttrain.environments.interface import EnvStepResult
+from posttrain.models.continuous import ContinuousDecoder
+from posttrain.models.generation import SamplingParams, _eos_ids
+from posttrain.rollout.rollout import EpisodeLimits, Trajectory, apply_step, record_turn
+
+
+def episode_loop(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    trajectories: list[Trajectory],
+    environment: Any,
+    params: SamplingParams,
+    batch_size: int,
+    limits: EpisodeLimits,
+    seed: int | None = None,
+) -> tuple[list[Trajectory], list[EnvStepResult]]:
+    """Run `trajectories` (fresh episodes, prompts only) to their ends with continuous batching.
+
+    Returns the trajectories (the same objects, in the same order) and the environment's step results."""
+    eos_ids = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    generator = torch.Generator().manual_seed(seed) if seed is not None and params.temperature > 0 else None
+    decoder = ContinuousDecoder(
+        model,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        tokenizer=tokenizer,
+        generator=generator,
+        room=params.max_new_tokens,
+    )
+    queue = list(range(len(trajectories)))
+    results: list[EnvStepResult] = []
+    was_training = model.training
+    model.eval()
+    try:
+        while queue or len(decoder):
+            joining, queue = (
+                queue[: max(batch_size - len(decoder), 0)],
+                queue[max(batch_size - len(decoder), 0) :],
+            )
+            _join(decoder, [trajectories[i] for i in joining], joining, params, limits)
+            ended = decoder.step()
+            if ended:
+                queue += _step_ended(ended, trajectories, environment, tokenizer, limits, results)
+    finally:
+        model.train(was_training)
+    return trajectories, results
+
+
+def _join(
+    decoder: ContinuousDecoder,
+    episodes: list[Trajectory],
+    keys: list[int],
+    params: SamplingParams,
+    limits: EpisodeLimits,
+) -> None:
+    budgets = [min(params.max_new_tokens, limits.max_seq_len - len(t.input_ids)) for t in episodes]
+    stops = [tuple(params.stop_strings) + t.stop_strings for t in episodes]
+    decoder.add(keys, [t.input_ids for t in episodes], budgets, stops)
+
+
+def _step_ended(
+    ended: list,
+    trajectories: list[Trajectory],
+    environment: Any,
+    tokenizer: Any,
+    limits: EpisodeLimits,
+    results: list,
+) -> list[int]:
+    """Record the ended turns, step their episodes in one environment call; returns the episodes that go on."""
+    episodes = [trajectories[row.key] for row in ended]
+    turn_ids = [
+        record_turn(t, row.tokens, row.logprobs, row.finished_by == "length", tokenizer, limits.max_seq_len)
+        for t, row in zip(episodes, ended, strict=True)
+    ]
+    result = environment.step([t.messages for t in episodes], [t.metadata for t in episodes])
+    results.append(result)
+    for j, t in enumerate(episodes):
+        apply_step(t, result, j, turn_ids[j], tokenizer, limits)
+    return [row.key for row, t in zip(ended, episodes, strict=True) if not t.done]
+
+
+def split_by_group(trajectories: list[Trajectory], n: int) -> list[list[int]]:
+    """Indices of the trajectories in at most n contiguous pieces of whole groups, sizes as even as
+    groups allow (a group's samples stay on one worker, so its prompt is prefilled once)."""
+    groups: list[list[int]] = []
+    for i, t in enumerate(trajectories):
+        if groups and trajectories[groups[-1][0]].group_id == t.group_id:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    n = max(1, min(n, len(groups)))
+    bounds = [round(k * len(groups) / n) for k in range(n + 1)]
+    return [[i for g in groups[bounds[k] : bounds[k + 1]] for i in g] for k in range(n)]
+
+
+def run_continuous(
+    generator: Any,
+    trajectories: list[Trajectory],
+    environment: Any,
+    tokenizer: Any,
+    params: SamplingParams,
+    batch_size: int,
+    limits: EpisodeLimits,
+) -> tuple[list[Trajectory], list[EnvStepResult]]:
+    """`episode_loop` on every generation worker of `generator` (its `workers`, each with a share of
+    whole groups and a seed of its own), or on a model held in this process (`generator.model`)."""
+    from posttrain.models.generation import sampling_seed
+
+    def seed(stream: int) -> int | None:
+        return None if params.seed is None else sampling_seed(params.seed, stream, 0)
+
+    workers = getattr(generator, "workers", None)
+    if workers is None:
+        return episode_loop(
+            generator.model, tokenizer, trajectories, environment, params, batch_size, limits, seed(0)
+        )
+    from posttrain.models.actor import Sampling
+
+    pieces = split_by_group(trajectories, len(workers))
+    args = [
+        (episode_loop, [trajectories[i] for i in piece], environment, params, batch_size, limits, seed(k))
+        for k, piece in enumerate(pieces)
+    ]
+    done: list[Trajectory] = []
+    results: list[EnvStepResult] = []
+    for part, part_results in workers.run(Sampling.run_with_model, args):
+        done += part
+        results += part_results
+    return done, results
