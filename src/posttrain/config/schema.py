@@ -828,7 +828,9 @@ class SandboxConfig(Strict):
     max_output_bytes: int = Field(
         65536, gt=0, description="Per stream; past it the run is killed (status output_limit)."
     )
-    max_processes: int = Field(32, gt=0, description="Processes of the sandbox's uid (RLIMIT_NPROC).")
+    max_processes: int = Field(
+        16, gt=0, description="Processes of the sandbox's uid (RLIMIT_NPROC); each gets memory_mb."
+    )
     max_open_files: int = Field(64, ge=16, description="RLIMIT_NOFILE.")
     max_file_mb: int = Field(16, gt=0, description="Largest file the code may write (RLIMIT_FSIZE).")
     disk_mb: int = Field(
