@@ -208,7 +208,13 @@ def serve_once(req_fd: int, resp_fd: int) -> None:
     os.close(req_fd)
     if request is None:
         os._exit(0)
-    write_files(request.get("files") or {})
+    try:
+        write_files(request.get("files") or {})
+    except (OSError, ValueError) as err:
+        print(f"{type(err).__name__}: {err}", file=sys.stderr)
+        flush()
+        write_message(resp_fd, {"exit": 1, "exc": type(err).__name__})
+        os._exit(1)
     code, exc = run_code(request["code"], {"__name__": "__main__", "__builtins__": __builtins__})
     flush()
     try:
