@@ -93,6 +93,22 @@ def test_fork_bomb_is_contained(pool: SandboxPool) -> None:
     assert r.status in ("timeout", "error", "killed"), r
 
 
+def test_fork_bomb_does_not_starve_a_concurrent_run(pool: SandboxPool) -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    # Forks while the bomb holds its whole process quota: each worker slot has a uid of its own.
+    fine = textwrap.dedent(
+        """
+        import os, time
+        time.sleep(0.5)
+        pids = [os.fork() or os._exit(0) for _ in range(4)]
+        print(sorted(os.waitpid(p, 0)[1] for p in pids))
+        """
+    )
+    bomb_result, fine_result = pool.run_many([bomb, fine], timeout_s=4)
+    assert bomb_result.status != "ok", bomb_result
+    assert (fine_result.status, fine_result.stdout) == ("ok", "[0, 0, 0, 0]\n"), fine_result
+
+
 def test_process_count_is_limited(pool: SandboxPool) -> None:
     code = """
     import os, time
