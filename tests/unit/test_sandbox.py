@@ -178,3 +178,10 @@ def test_code_never_runs_as_host_root_even_when_unsafe_is_allowed(monkeypatch: p
     _fake_selection(monkeypatch, safe=False, uid_dropped=False)
     with pytest.raises(SandboxError, match="not even unsafely"):
         probe_mod.select("auto", True, None, 0)
+
+
+def test_output_just_over_the_limit_at_exit_is_output_limit(pool: SandboxPool) -> None:
+    r = pool.run("import sys\nsys.stdout.write('z' * 65537)")
+    assert (r.status, r.truncated, len(r.stdout)) == ("output_limit", True, 65536)
+    r = pool.run("import sys\nsys.stdout.write('z' * 65536)")
+    assert (r.status, r.truncated, len(r.stdout)) == ("ok", False, 65536)

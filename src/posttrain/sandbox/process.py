@@ -170,7 +170,7 @@ class SandboxProcess:
             "no_new_privs": launch.no_new_privs,
             "limits": self.limits.rlimits(self.mode == "session"),
             "cell_cpu_s": self.limits.cpu_s,
-            "layout": _layout(launch, self.limits) if launch.child_builds_root else None,
+            "layout": _layout(self.limits) if launch.child_builds_root else None,
             "init": launch.backend == "unshare",  # bwrap has an init of its own
         }
         argv = [*command(launch, self.limits.disk_mb << 20), "-c", CHILD_SOURCE, json.dumps(spec)]
@@ -277,7 +277,7 @@ class SandboxProcess:
                     fd = key.fd
                     if fd == self.pidfd:
                         self._drain(names)
-                        return "exited"
+                        return "output_limit" if self.streams.over else "exited"
                     if fd in names:
                         if not self._read(fd, names[fd], sel):
                             continue
@@ -407,7 +407,7 @@ class SandboxProcess:
             shutil.rmtree(self.host_dir, ignore_errors=True)
 
 
-def _layout(launch: Launch, limits: Limits) -> dict:
+def _layout(limits: Limits) -> dict:
     """The root the ``unshare`` child builds (mount point: an empty directory of the host)."""
     return {"mountpoint": _mountpoint(), "ops": filesystem_ops(limits.disk_mb << 20)}
 
@@ -421,7 +421,7 @@ def _mountpoint() -> str:
 
 
 def _pidfd(pid: int) -> int:
-    """A pidfd for ``pid`` (readable when it exits)."""
+    """A pidfd for ``pid`` (readable when it exits; Linux >= 5.3)."""
     return os.pidfd_open(pid)
 
 
