@@ -264,6 +264,9 @@ def describe(p: dict) -> str:
     """Human-readable summary of a protections dict."""
     yes = {True: "yes", False: "NO"}
     rl = p["rlimits"]
+    uid_note = "unprivileged" if p["uid_dropped"] else "ROOT"
+    if p["host_uid"] >= UID_BASE:
+        uid_note += "; a uid of its own per worker and per session"
     fs_note = " (read-only /usr and interpreter, tmpfs /sandbox and /tmp)" if p["filesystem_isolated"] else ""
     lines = [
         f"sandbox backend: {p['backend']} ({'safe' if p['safe'] else 'UNSAFE'})",
@@ -271,7 +274,7 @@ def describe(p: dict) -> str:
         f"  filesystem isolated: {yes[p['filesystem_isolated']]}{fs_note}",
         f"  pid namespace:       {yes[p['pid_namespace']]}",
         f"  user namespace:      {yes[p['user_namespace']]}",
-        f"  host uid of code:    {p['host_uid']} ({'unprivileged' if p['uid_dropped'] else 'ROOT'})",
+        f"  host uid of code:    {p['host_uid']} ({uid_note})",
         f"  no_new_privs:        {yes[p['no_new_privs']]}",
         f"  scrubbed env:        {yes[p['env_scrubbed']]}",
         f"  rlimits:             cpu {rl['cpu_s']} s, address space {rl['memory_mb']} MB, "

@@ -42,10 +42,6 @@ for d in dirs:
     except OSError:
         r["listing"][d] = []
 try:
-    for line in open("/proc/self/uid_map"):
-        inside, outside, count = map(int, line.split())
-        if inside <= r["uid"] < inside + count:
-            r["host_uid"] = outside + r["uid"] - inside
     r["no_new_privs"] = "NoNewPrivs:\t1" in open("/proc/self/status").read()
 except OSError:
     pass
@@ -77,7 +73,7 @@ def _allowed_children(d: str) -> set[str]:
     return out
 
 
-def evaluate(launch: Launch, report: dict, limits: Limits) -> dict:
+def evaluate(launch: Launch, report: dict, limits: Limits, uid: int) -> dict:
     """The protections dict from a probe's report (what was seen, not what was intended)."""
     leaks = []
     for d, inside in report.get("listing", {}).items():
@@ -89,8 +85,10 @@ def evaluate(launch: Launch, report: dict, limits: Limits) -> dict:
         if seen:
             leaks.append(f"{d}: {sorted(seen)[:5]}")
     network = report.get("interfaces") == ["lo"]
-    host_uid = report.get("host_uid", report.get("uid"))
     dropped = launch.child_drops_uid or launch.wrapper_as_slot_uid or os.geteuid() != 0
+    # How we launched it says whose uid the code has on the host (the probe's /proc/self/uid_map
+    # only shows the parent namespace's view, which bwrap's nested namespaces hide).
+    host_uid = uid if launch.child_drops_uid or launch.wrapper_as_slot_uid else os.geteuid()
     problems = []
     if not network:
         problems.append(f"network not isolated (interfaces: {report.get('interfaces')})")
@@ -106,6 +104,7 @@ def evaluate(launch: Launch, report: dict, limits: Limits) -> dict:
         "pid_namespace": launch.backend != "none" and report.get("pid", 99) <= 3,
         "user_namespace": launch.user_namespace,
         "host_uid": host_uid,
+        "uid_in_sandbox": report.get("uid"),
         "uid_dropped": dropped,
         "no_new_privs": bool(report.get("no_new_privs", launch.backend == "bwrap")),
         "env_scrubbed": set(report.get("env", [])) <= {*scrubbed_env("/"), "PWD"},
@@ -134,7 +133,7 @@ def probe(launch: Launch, limits: Limits, uid: int) -> dict:
         proc.close()
     if result.status != "ok":
         raise SandboxError(f"{launch.backend} probe failed ({result.status}): {result.stderr[-2000:]}")
-    protections = evaluate(launch, json.loads(result.stdout), limits)
+    protections = evaluate(launch, json.loads(result.stdout), limits, uid)
     with _LOCK:
         _CACHE[launch] = protections
     return protections

@@ -414,9 +414,8 @@ def _layout(limits: Limits) -> dict:
 
 def _mountpoint() -> str:
     """An empty host directory to mount the new root on (only inside the child's mount ns)."""
-    path = os.path.join(tempfile.gettempdir(), "posttrain-sandbox-root")
+    path = os.path.join(tempfile.gettempdir(), f"posttrain-sandbox-root-{os.geteuid()}")
     os.makedirs(path, mode=0o755, exist_ok=True)
-    os.chmod(path, 0o755)
     return path
 
 
