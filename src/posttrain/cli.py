@@ -38,6 +38,10 @@ def _trainer(name: str) -> Callable:
         from posttrain.trainers.rm import run_rm
 
         return run_rm
+    if name == "distill":
+        from posttrain.trainers.distill import run_distill
+
+        return run_distill
     raise KeyError(name)
 
 
@@ -89,6 +93,7 @@ DEBUG_HELP = "show the traceback of configuration and data errors too (or set PO
 COMMAND_HELP = {
     "eval": "evaluate a model or checkpoint on math problems (pass@k, cons@k)",
     "rm": "train a reward model",
+    "distill": "on-policy distillation: the student samples, a teacher's top-k scores its tokens",
 }
 
 

@@ -836,3 +836,117 @@ class SandboxConfig(Strict):
     disk_mb: int = Field(
         64, gt=0, description="Size of the in-memory working directory and of /tmp (each)."
     )
+
+
+# --------------------------------------------------------------------------------- distillation
+class TeacherConfig(Strict):
+    """The teacher of `posttrain distill`: a frozen model with the student's tokenizer, in workers of
+    its own (split) or inside the student's (colocated, like the reference model)."""
+
+    model_name: str | None = Field(
+        None,
+        description="Required: a posttrain run directory or checkpoint (e.g. runs/grpo, the GRPO "
+        "quickstart's: its latest checkpoint), an HF folder, a hub id or an alias. Its tokenizer must "
+        "be the student's.",
+    )
+    tokenizer_name: str | None = Field(
+        None, description="Default: the teacher's own (a checkpoint's, or its run's policy tokenizer)."
+    )
+    placement: Literal["split", "colocated"] = Field(
+        "split",
+        description="split: teacher workers of their own (Ray actors with teacher.cpus_per_worker CPUs "
+        "and, with GPUs, one GPU each; one in-process worker with cluster.backend=local); colocated: "
+        "the teacher is held in every student worker, on its device.",
+    )
+    num_workers: int = Field(1, gt=0, description="Teacher workers (split placement).")
+    cpus_per_worker: int = Field(1, gt=0, description="CPU cores per teacher worker (split placement).")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="The teacher's weights and compute.")
+    batch_size: int = Field(16, gt=0, description="Sequences per teacher forward.")
+    chunk_size: int = Field(
+        2048, gt=0, description="Positions whose full-vocabulary logits exist at once in the teacher."
+    )
+    packed_sequences: bool = Field(True, description="Run the teacher's decoder on real tokens only.")
+
+
+class DistillTrainerConfig(Strict):
+    """The loop and the loss of on-policy distillation (see posttrain.algorithms.distillation)."""
+
+    max_steps: int = Field(20, gt=0)
+    prompts_per_step: int = Field(8, gt=0)
+    generations_per_prompt: int = Field(4, gt=0, description="Student samples per prompt.")
+    updates_per_batch: int = Field(
+        1, gt=0, description="Optimizer steps per batch of samples (1 = exactly on-policy)."
+    )
+    loss: Literal["forward_kl", "reverse_kl", "mixed_kl", "jsd"] = Field(
+        "mixed_kl",
+        description="forward_kl: KL(teacher || student); reverse_kl: KL(student || teacher); mixed_kl: "
+        "mixed_kl_weight * forward + (1 - mixed_kl_weight) * reverse (NeMo RL's default); jsd: "
+        "generalised Jensen-Shannon with jsd_beta (GKD).",
+    )
+    topk_logits_k: int = Field(
+        64, gt=0, description="Teacher tokens per position sent to the student (never the full vocabulary)."
+    )
+    top_k_mode: Literal["tail", "renormalized"] = Field(
+        "tail",
+        description="tail: the k tokens plus a bucket holding the rest of the mass, on both sides (a "
+        "valid divergence, which sees the student's mass outside the teacher's top-k); renormalized: "
+        "both distributions renormalised over the k tokens.",
+    )
+    teacher_temperature: float = Field(
+        1.0, gt=0, description="The teacher's distribution is softmax(logits / teacher_temperature)."
+    )
+    mixed_kl_weight: float = Field(0.5, ge=0, le=1, description="mixed_kl: the weight of the forward KL.")
+    jsd_beta: float = Field(0.5, gt=0, lt=1, description="jsd: β, the teacher's weight in the mixture.")
+    val_every: int = Field(5, gt=0)
+    val_at_start: bool = True
+    val_samples_per_prompt: int = Field(1, gt=0, description="n for pass@k on validation.")
+    val_temperature: float = Field(0.0, ge=0, description="0 = greedy.")
+    seed: int = 0
+
+
+class DistillConfig(Strict):
+    """`posttrain distill`: the student samples, the teacher scores its tokens (top-k), the student
+    minimises the divergence on its own tokens. Default task: the GRPO quickstart's."""
+
+    policy: PolicyConfig = PolicyConfig(
+        optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
+        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
+        max_seq_len=128,
+        train_micro_batch_size=8,
+        logprob_batch_size=16,
+    )
+    teacher: TeacherConfig = TeacherConfig()
+    data: GRPODataConfig = GRPODataConfig()
+    generation: GenerationConfig = GenerationConfig()
+    environment: EnvironmentConfig = Field(
+        default_factory=EnvironmentConfig,
+        description="Runs the episodes (several turns, tools) and scores them for the metrics and "
+        "validation; rewards do not enter the loss.",
+    )
+    distill: DistillTrainerConfig = DistillTrainerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _placements_fit_cluster(self) -> DistillConfig:
+        if self.generation.placement == "split":
+            self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
+        if self.cluster.backend == "local" and self.teacher.num_workers > 1:
+            raise ValueError(
+                f"teacher.num_workers={self.teacher.num_workers} with cluster.backend=local: the local "
+                "backend runs one in-process worker per group; set teacher.num_workers=1 or cluster.backend=ray"
+            )
+        d, workers = self.distill, self.cluster.policy_workers()
+        batch = d.prompts_per_step * d.generations_per_prompt
+        if batch % (d.updates_per_batch * workers) and not (workers == 1 and d.updates_per_batch <= batch):
+            raise ValueError(
+                f"distill.updates_per_batch={d.updates_per_batch} does not split the batch of {batch} "
+                f"sequences (distill.prompts_per_step x distill.generations_per_prompt) into minibatches "
+                f"that divide evenly over the {workers} student worker(s); make the batch a multiple of "
+                "updates_per_batch x workers"
+            )
+        return self
+
+
+ALGORITHM_CONFIGS["distill"] = DistillConfig
