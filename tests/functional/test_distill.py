@@ -272,3 +272,15 @@ def test_cli_distill_needs_a_teacher(tiny_model_dir, tmp_path, capsys):
     assert "teacher.model_name is not set" in capsys.readouterr().err
     assert main(["distill", *args, f"teacher.model_name={tmp_path / 'missing'}"]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_two_distill_steps_on_ray_with_a_split_teacher(ray_cluster, tiny_model_dir, teacher_dir, tmp_path):
+    """The teacher as its own Ray actor (1 CPU) beside the student's: 2 steps end to end."""
+    cfg = _distill_cfg(
+        tiny_model_dir,
+        teacher_dir,
+        tmp_path / "ray",
+        **{"cluster.backend": "ray", "cluster.cpus_per_worker": 1, "teacher.placement": "split"},
+    )
+    _check_history(run_distill(cfg).history, 2)
