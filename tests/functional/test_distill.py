@@ -247,7 +247,7 @@ def _check_history(history: list[dict[str, float]], steps: int) -> None:
 def test_two_distill_steps_end_to_end_and_resume(tiny_model_dir, teacher_dir, tmp_path):
     """2 steps (local backend, split teacher in-process), the second after a stop and resume from the
     checkpoint; then the same with the teacher colocated and two updates per batch."""
-    cfg = _distill_cfg(tiny_model_dir, teacher_dir, tmp_path / "run")
+    cfg = _distill_cfg(tiny_model_dir, teacher_dir, tmp_path / "run", **{"teacher.placement": "split"})
     first = run_distill(cfg, stop_after=1)
     assert first.step == 1 and first.last_checkpoint.name == "step_000001"
     second = run_distill(cfg)

@@ -852,11 +852,14 @@ class TeacherConfig(Strict):
     tokenizer_name: str | None = Field(
         None, description="Default: the teacher's own (a checkpoint's, or its run's policy tokenizer)."
     )
-    placement: Literal["split", "colocated"] = Field(
-        "split",
-        description="split: teacher workers of their own (Ray actors with teacher.cpus_per_worker CPUs "
-        "and, with GPUs, one GPU each; one in-process worker with cluster.backend=local); colocated: "
-        "the teacher is held in every student worker, on its device.",
+    placement: Literal["colocated", "split"] = Field(
+        "colocated",
+        description="colocated: the teacher is held in every student worker, on its device (like the "
+        "reference model; no resources of its own: the teacher scores while the student waits anyway). "
+        "split: teacher workers of their own (Ray actors with teacher.cpus_per_worker CPUs and, with "
+        "GPUs, one GPU each; one in-process worker with cluster.backend=local): a teacher too large to "
+        "share the student's device. On a CPU machine leave it room: cluster.cpus_per_worker defaults "
+        "to all cores.",
     )
     num_workers: int = Field(1, gt=0, description="Teacher workers (split placement).")
     cpus_per_worker: int = Field(1, gt=0, description="CPU cores per teacher worker (split placement).")
