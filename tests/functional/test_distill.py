@@ -184,6 +184,32 @@ def test_divergence_goes_down_on_a_fixed_batch(peaked_student_dir, teacher_dir, 
     assert divergence[-1] < (1 - drop) * divergence[0], divergence
 
 
+def test_microbatch_layouts_give_the_same_step(tiny_model_dir, teacher_dir, tokenizer):
+    """1x6 = 6x1 = 2x3 microbatches, in float64 (exact math: a sum over tokens divided by the global
+    count): the same loss, gradient norm and updated weights up to float64 rounding."""
+    from posttrain.models.refit import weights_checksum
+
+    sampler = _student(tiny_model_dir)
+    batch = _sampled_batch(sampler, tokenizer)
+    batch = batch.with_teacher(Teacher(model_path=str(teacher_dir)).topk_logprobs(batch, k=8))
+    results = {}
+    for micro in (6, 1, 3):
+        cfg = _cfg().model_copy(update={"train_micro_batch_size": micro})
+        student = StudentActor(
+            cfg, model_path=str(tiny_model_dir), total_steps=1, tokenizer_path=str(tiny_model_dir)
+        )
+        student.model.double()
+        [metrics] = _train_steps(student, batch, 1, divergence="jsd")
+        results[micro] = metrics, weights_checksum(student.model.parameters())
+    ref, ref_sums = results[6]
+    assert ref["distill/divergence"] > 0.1
+    for micro in (1, 3):
+        metrics, sums = results[micro]
+        assert metrics["distill/divergence"] == pytest.approx(ref["distill/divergence"], rel=1e-12)
+        assert metrics["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-12)
+        assert sums == pytest.approx(ref_sums, rel=1e-12)
+
+
 def test_student_equal_to_teacher_gives_zero_loss_and_gradient(tiny_model_dir, tokenizer):
     """Teacher = the student's own model, colocated in its worker: divergence 0, gradient 0, top-1
     agreement 1, sampled reverse KL 0 (fp32 rounding)."""
@@ -275,12 +301,21 @@ def test_cli_distill_needs_a_teacher(tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.ray
-def test_two_distill_steps_on_ray_with_a_split_teacher(ray_cluster, tiny_model_dir, teacher_dir, tmp_path):
-    """The teacher as its own Ray actor (1 CPU) beside the student's: 2 steps end to end."""
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"teacher.placement": "split"},
+        {"teacher.placement": "colocated", "cluster.num_workers": 2, "policy.fsdp": True},
+    ],
+    ids=["split_teacher", "fsdp2_students_colocated_teacher"],
+)
+def test_two_distill_steps_on_ray(ray_cluster, tiny_model_dir, teacher_dir, tmp_path, extra):
+    """The teacher as its own Ray actor (1 CPU) beside the student's; or held by each of two FSDP2
+    student ranks (the student's logits then come from the whole model's forward): 2 steps end to end."""
     cfg = _distill_cfg(
         tiny_model_dir,
         teacher_dir,
         tmp_path / "ray",
-        **{"cluster.backend": "ray", "cluster.cpus_per_worker": 1, "teacher.placement": "split"},
+        **{"cluster.backend": "ray", "cluster.cpus_per_worker": 1, **extra},
     )
     _check_history(run_distill(cfg).history, 2)
