@@ -1,3 +1,4 @@
+import math
 import statistics
 
 import pytest
@@ -5,12 +6,17 @@ import torch
 
 from posttrain.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
+    clip_advantages,
     compute_advantages,
     dr_grpo_advantages,
+    group_range,
     group_statistics,
     grpo_advantages,
+    kl_penalized_returns,
+    kl_penalized_rewards,
     reinforce_pp_advantages,
     rloo_advantages,
+    scale_rewards,
 )
 
 
@@ -96,6 +102,86 @@ def test_equal_rewards_give_zero_advantage_not_nan():
     assert out.tolist() == [0.0, 0.0, 0.0]
 
 
+# --- zero-variance groups: exactly 0, whatever float rounding does ------------------------------
+GROUP_ESTIMATORS = {
+    "grpo": lambda r, g: grpo_advantages(r, g),
+    "grpo_eps0": lambda r, g: grpo_advantages(r, g, eps=0.0),
+    "grpo_loo": lambda r, g: grpo_advantages(r, g, leave_one_out=True),
+    "grpo_loo_std": lambda r, g: grpo_advantages(r, g, leave_one_out=True, leave_one_out_std=True),
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+@pytest.mark.parametrize("name", list(GROUP_ESTIMATORS))
+@pytest.mark.parametrize("G", [3, 7, 8, 16, 64])
+@pytest.mark.parametrize("value", [0.1, 0.3, 0.7])
+def test_equal_inexact_rewards_give_exactly_zero(value, G, name):
+    # G float32 copies of 0.1 (the math environment's format reward) sum to a mean that is not
+    # exactly 0.1: the old std > 0 test divided a ~1e-9 deviation by a ~1e-9 std (G = 8: -0.0074)
+    rewards = torch.full((G,), value, dtype=torch.float32)
+    groups = torch.zeros(G, dtype=torch.long)
+    out = GROUP_ESTIMATORS[name](rewards, groups)
+    assert out.dtype == torch.float32
+    assert out.tolist() == [0.0] * G
+    # next to a group with spread, in a shuffled batch, the constant group still gets 0
+    mixed = torch.cat([rewards, torch.tensor([1.0, 0.1, 0.1])])
+    ids = torch.cat([groups, torch.ones(3, dtype=torch.long)])
+    perm = torch.randperm(G + 3, generator=torch.Generator().manual_seed(G))
+    out = GROUP_ESTIMATORS[name](mixed[perm], ids[perm])
+    assert (out[ids[perm] == 0] == 0).all()
+    assert (out[ids[perm] == 1] != 0).any()
+
+
+def test_group_range_is_exact():
+    r = torch.full((8,), 0.1)
+    assert group_statistics(r, torch.zeros(8, dtype=torch.long)).std.max() >= 0  # may be ~1e-9
+    assert group_range(r, torch.zeros(8, dtype=torch.long)).tolist() == [0.0] * 8
+    assert group_range(torch.tensor([1.0, 0.5, 2.0]), torch.tensor([3, 3, 4])).tolist() == [0.5, 0.5, 0.0]
+
+
+def test_leave_one_out_std_hand_worked():
+    # NeMo RL's default: baseline AND std of the other G - 1 samples (Bessel, G - 2)
+    # r = [1, 0, 0.5]:
+    #   i=0: others [0, 0.5]: b = 0.25, s = sqrt((0.25^2 + 0.25^2) / 1) = 0.353553 -> 0.75 / s = 2.12132
+    #   i=1: others [1, 0.5]: b = 0.75, s = 0.353553 -> -0.75 / s = -2.12132
+    #   i=2: others [1, 0]:   b = 0.5,  s = 0.707107 -> 0
+    _close(grpo_advantages(R3, ONE_GROUP, leave_one_out=True, leave_one_out_std=True, eps=0.0),
+           [2.12132, -2.12132, 0.0])  # fmt: skip
+    # r = [1, 0, 0, 0]:
+    #   i=0: others [0, 0, 0]: b = 0, s = 0 -> undivided r - b = 1 (NeMo RL: no sharpening)
+    #   i>0: others [1, 0, 0]: b = 1/3, s = sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3) -> -0.57735
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    _close(grpo_advantages(r, torch.zeros(4, dtype=torch.long), leave_one_out=True, leave_one_out_std=True, eps=0.0),
+           [1.0, -0.57735, -0.57735, -0.57735])  # fmt: skip
+    # G = 2: one other sample, no std: r - b undivided
+    _close(grpo_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), leave_one_out=True,
+                           leave_one_out_std=True), [1.0, -1.0])  # fmt: skip
+    with pytest.raises(ValueError, match="leave_one_out"):
+        grpo_advantages(R3, ONE_GROUP, leave_one_out_std=True)
+
+
+def _nemo_rl_baseline_and_std(rewards: list[float], groups: list[int]) -> list[float]:
+    """NeMo RL's calculate_baseline_and_std_per_prompt (leave-one-out) and advantage rule, written
+    out per group with the (1 - I) mask matrix, in float64: the reference for leave_one_out_std."""
+    r = torch.tensor(rewards, dtype=torch.float64)
+    g = torch.tensor(groups)
+    out = torch.zeros_like(r)
+    for gid in g.unique():
+        idx = (g == gid).nonzero().flatten()
+        n = len(idx) - 1
+        if n < 1:
+            continue  # NeMo RL: baseline = reward -> advantage 0
+        others = 1 - torch.eye(len(idx), dtype=torch.float64)
+        base = others @ r[idx] / n
+        sq = others @ r[idx] ** 2 / n
+        std = ((sq - base**2) * (n / (n - 1) if n > 1 else float("inf"))).sqrt().nan_to_num(0.0)
+        adv = r[idx] - base
+        adv = torch.where(std > 1e-9, adv / (std + 1e-6), adv)  # (NeMo RL tests std > 0, see above)
+        out[idx] = adv
+    return out.tolist()
+
+
 # --- vectorised vs a plain per-group loop ------------------------------------------------------
 
 
@@ -127,7 +213,7 @@ def _loop_reference(rewards: list[float], groups: list[int], name: str) -> list[
     return out
 
 
-@pytest.mark.parametrize("name", ["grpo", "grpo_loo", "dr_grpo", "rloo", "reinforce_pp"])
+@pytest.mark.parametrize("name", ["grpo", "grpo_loo", "grpo_loo_std", "dr_grpo", "rloo", "reinforce_pp"])
 def test_vectorised_matches_per_group_loop(name):
     gen = torch.Generator().manual_seed(0)
     # 60 samples over sparse, shuffled group ids (sizes 1..8), rewards partly binary, partly real
@@ -142,9 +228,14 @@ def test_vectorised_matches_per_group_loop(name):
     ).double()
     if name == "grpo_loo":
         got = grpo_advantages(rewards, groups, leave_one_out=True)
+    elif name == "grpo_loo_std":
+        got = grpo_advantages(rewards, groups, leave_one_out=True, leave_one_out_std=True)
     else:
         got = compute_advantages(name, rewards, groups)
-    expected = _loop_reference(rewards.tolist(), groups.tolist(), name)
+    if name == "grpo_loo_std":
+        expected = _nemo_rl_baseline_and_std(rewards.tolist(), groups.tolist())
+    else:
+        expected = _loop_reference(rewards.tolist(), groups.tolist(), name)
     assert got.tolist() == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
@@ -162,3 +253,50 @@ def test_shape_errors():
         grpo_advantages(R3.view(3, 1), ONE_GROUP.view(3, 1))
     with pytest.raises(ValueError, match="group_ids"):
         reinforce_pp_advantages(R3, None, group_baseline=True)
+
+
+# --- the KL as a reward, reward scaling, advantage clipping -------------------------------------
+# two sequences, per-token KL estimates, the 2nd sequence's last slot masked (padding):
+#   seq 0: KL = [0.5, 1.0, 1.5], r = 1
+#   seq 1: KL = [2.0, 1.0, 9.0 (masked)], r = 0
+KL = torch.tensor([[0.5, 1.0, 1.5], [2.0, 1.0, 9.0]])
+KL_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+KL_R = torch.tensor([1.0, 0.0])
+
+
+def test_kl_penalized_rewards_sum_over_tokens():
+    # r' = r - β Σ_t KL_t, β = 0.1: [1 - 0.1 * 3, 0 - 0.1 * 3] = [0.7, -0.3]
+    _close(kl_penalized_rewards(KL_R, KL, KL_MASK, kl_beta=0.1), [0.7, -0.3])
+
+
+def test_kl_penalized_returns_to_go():
+    # G_t = r - β Σ_{s>=t} KL_s, β = 0.1:
+    #   seq 0: KL still to come [3, 2.5, 1.5] -> [1 - 0.3, 1 - 0.25, 1 - 0.15] = [0.7, 0.75, 0.85]
+    #   seq 1: [3, 1, (masked)] -> [-0.3, -0.1, 0]
+    out = kl_penalized_returns(KL_R, KL, KL_MASK, kl_beta=0.1)
+    assert out.tolist()[0] == pytest.approx([0.7, 0.75, 0.85])
+    assert out.tolist()[1] == pytest.approx([-0.3, -0.1, 0.0])
+
+
+def test_reinforce_pp_with_kl_reward_is_token_normalised():
+    # batch baseline: a = r - mean(r) = [0.5, -0.5]; returns (β = 0.1) = a - 0.1 * KL-to-come:
+    #   seq 0: [0.2, 0.25, 0.35]; seq 1: [-0.8, -0.6]   (5 valid tokens)
+    # token mean = -0.6 / 5 = -0.12; deviations [0.32, 0.37, 0.47, -0.68, -0.48]
+    # Bessel std = sqrt((0.1024 + 0.1369 + 0.2209 + 0.4624 + 0.2304) / 4) = sqrt(0.2883) = 0.536936
+    out = reinforce_pp_advantages(KL_R, None, kl=KL, mask=KL_MASK, kl_beta=0.1, eps=0.0)
+    std = math.sqrt(1.153 / 4)
+    assert out.tolist()[0] == pytest.approx([0.32 / std, 0.37 / std, 0.47 / std])
+    assert out.tolist()[1] == pytest.approx([-0.68 / std, -0.48 / std, 0.0])
+    with pytest.raises(ValueError, match="mask"):
+        reinforce_pp_advantages(KL_R, None, kl=KL)
+
+
+def test_scale_rewards_and_clip_advantages():
+    # NeMo RL's scaling: clamp to [0, 1], map onto [-1, 1]: r' = -1 + 2 clamp(r)
+    r = torch.tensor([-0.5, 0.1, 1.0, 3.0])
+    _close(scale_rewards(r, source_min=0.0, source_max=1.0, target_min=-1.0, target_max=1.0),
+           [-1.0, -0.8, 1.0, 1.0])  # fmt: skip
+    with pytest.raises(ValueError, match="source_min"):
+        scale_rewards(r, source_min=1.0, source_max=1.0, target_min=0.0, target_max=1.0)
+    _close(clip_advantages(torch.tensor([-3.0, 0.5, 2.5]), 2.0), [-2.0, 0.5, 2.0])
+    _close(clip_advantages(torch.tensor([-3.0, 0.5, 2.5]), None), [-3.0, 0.5, 2.5])

@@ -56,3 +56,11 @@ def test_overlong_reward_shaping_argument_errors():
         overlong_reward_shaping(torch.tensor([1]), max_len=4, buffer_len=5)
     with pytest.raises(ValueError, match="penalty"):
         overlong_reward_shaping(torch.tensor([1]), max_len=4, buffer_len=2, penalty=-1.0)
+
+
+@pytest.mark.parametrize("value", [0.1, 0.3, 0.7])
+def test_zero_variance_groups_inexact_rewards(value):
+    # eight float32 copies of 0.1: a rounded std is ~1e-9, the range is exactly 0
+    rewards = torch.cat([torch.full((8,), value), torch.tensor([value, 1.0])])
+    groups = torch.tensor([0] * 8 + [1, 1])
+    assert zero_variance_groups(rewards, groups).tolist() == [True] * 8 + [False, False]

@@ -6,8 +6,11 @@ import torch
 from posttrain.algorithms.policy_loss import (
     POLICY_LOSSES,
     aggregate,
+    cispo_loss,
     clipped_pg_loss,
+    importance_weights,
     kl_estimate,
+    kl_penalty,
     masked_mean,
     sequence_log_ratio,
 )
@@ -19,12 +22,12 @@ def _lp(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64, requires_grad=True)
 
 
-def _ratios_case(ratios, advantage, **kwargs):
+def _ratios_case(ratios, advantage, loss_fn=clipped_pg_loss, **kwargs):
     """One sequence, old logprobs 0, current logprobs log(ratio) -> token ratios exactly `ratios`."""
     lp = _lp([[ln(r) for r in ratios]])
     old = torch.zeros_like(lp)
     mask = torch.ones_like(lp)
-    loss, metrics = clipped_pg_loss(
+    loss, metrics = loss_fn(
         lp, old, torch.tensor([advantage], dtype=torch.float64), mask, normalizer=len(ratios), **kwargs
     )
     loss.backward()
@@ -110,24 +113,115 @@ def test_kl_estimators_hand_worked(estimator):
     assert per_token[0].tolist() == pytest.approx(KL_EXPECTED[estimator], abs=1e-6)
 
 
+@pytest.mark.parametrize("gradient", ["exact", "plain"])
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
-def test_kl_penalty_in_loss(estimator):
+def test_kl_penalty_in_loss(estimator, gradient):
     # zero advantages + on-policy shortcut: pg term is 0, loss = beta * mean_t k(t)
     lp = _lp(KL_LP)
     ref = torch.tensor(KL_REF, dtype=torch.float64)
     adv = torch.zeros(1, dtype=torch.float64)
     loss, metrics = clipped_pg_loss(
         lp, lp.detach(), adv, torch.ones_like(lp), normalizer=3, reference_logprobs=ref,
-        kl_beta=0.1, kl_estimator=estimator,
+        kl_beta=0.1, kl_estimator=estimator, kl_gradient=gradient,
     )  # fmt: skip
     kl_mean = sum(KL_EXPECTED[estimator]) / 3
-    assert loss.item() == pytest.approx(0.1 * kl_mean)
+    assert loss.item() == pytest.approx(0.1 * kl_mean)  # the value does not depend on `gradient`
     assert metrics["kl"] == pytest.approx(kl_mean)
     assert metrics["pg_loss"] == 0.0
     loss.backward()
-    # d/d logπ: k1 -> 1; k2 -> d = [0.5, 0, -1]; k3 -> 1 - π_ref/π = 1 - e^{log r} = [1 - e^-0.5, 0, 1 - e]
-    d_expected = {"k1": [1.0, 1.0, 1.0], "k2": [0.5, 0.0, -1.0], "k3": [1 - math.exp(-0.5), 0.0, 1 - math.e]}
-    assert lp.grad[0].tolist() == pytest.approx([0.1 * g / 3 for g in d_expected[estimator]])
+    # plain, d/d logπ of the estimate: k1 -> 1; k2 -> d = [0.5, 0, -1];
+    #   k3 -> 1 - π_ref/π = 1 - e^{log r} = [1 - e^-0.5, 0, 1 - e]
+    # exact: k1 and k3 times exp(logπ - sg logπ) (value 1) add k itself:
+    #   k1 -> 1 + d = [1.5, 1, 0];  k3 -> (1 - e^{log r}) + (e^{log r} - log r - 1) = -log r = d
+    #   (k2 unchanged: d). Every estimator then has the per-token gradient d of KL(π||π_ref).
+    d = [0.5, 0.0, -1.0]
+    plain = {"k1": [1.0, 1.0, 1.0], "k2": d, "k3": [1 - math.exp(-0.5), 0.0, 1 - math.e]}
+    exact = {"k1": [1.5, 1.0, 0.0], "k2": d, "k3": d}
+    expected = (exact if gradient == "exact" else plain)[estimator]
+    assert lp.grad[0].tolist() == pytest.approx([0.1 * g / 3 for g in expected])
+
+
+def _expected_kl_gradient(estimator: str, gradient: str, vocab: int = 5, seed: int = 0):
+    """E_{x ~ π}[∇θ loss(x)] of the KL term over a categorical π = softmax(θ), summed exactly over
+    the vocabulary (float64), and autograd of the exact KL(π || π_ref) and KL(π_ref || π)."""
+    gen = torch.Generator().manual_seed(seed)
+    theta = torch.randn(vocab, generator=gen, dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(2 * torch.randn(vocab, generator=gen, dtype=torch.float64), -1)
+    logp = torch.log_softmax(theta, -1)
+    probs = logp.exp().detach()
+    expected = torch.zeros_like(theta)
+    for x in range(vocab):  # one sampled token x, its loss term, weighted by π(x)
+        lp = logp[x].view(1, 1)
+        loss, _ = clipped_pg_loss(
+            lp, lp.detach(), torch.zeros(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
+            normalizer=1, reference_logprobs=ref[x].view(1, 1), kl_beta=1.0, kl_estimator=estimator,
+            kl_gradient=gradient, kl_input_clamp=None, kl_output_clamp=None,
+        )  # fmt: skip
+        (grad,) = torch.autograd.grad(loss, theta, retain_graph=True)
+        expected += probs[x] * grad
+    (forward,) = torch.autograd.grad((logp.exp() * (logp - ref)).sum(), theta, retain_graph=True)
+    (reverse,) = torch.autograd.grad((ref.exp() * (ref - logp)).sum(), theta)
+    return expected, forward, reverse
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_expected_gradient_is_gradient_of_exact_kl(estimator, seed):
+    # Σ_x π(x) ∇ loss(x) = ∇ Σ_x π(x) (log π(x) - log π_ref(x)) exactly, for every estimator
+    expected, forward, reverse = _expected_kl_gradient(estimator, "exact", seed=seed)
+    assert forward.abs().max() > 0.1 and (forward - reverse).abs().max() > 0.05
+    assert torch.allclose(expected, forward, rtol=1e-10, atol=1e-12)
+
+
+def test_plain_kl_gradient_is_not_the_kl_gradient():
+    # the old behaviour (the estimate as a plain loss term), still available as kl_gradient=plain:
+    # k1 has zero expected gradient, k3 gives ∇KL(π_ref || π) (the reverse KL); k2 is right
+    k1, forward, _ = _expected_kl_gradient("k1", "plain")
+    assert torch.allclose(k1, torch.zeros_like(k1), atol=1e-12)
+    assert not torch.allclose(k1, forward, atol=1e-3)
+    k3, forward, reverse = _expected_kl_gradient("k3", "plain")
+    assert torch.allclose(k3, reverse, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(k3, forward, atol=1e-3)
+    k2, forward, _ = _expected_kl_gradient("k2", "plain")
+    assert torch.allclose(k2, forward, rtol=1e-10, atol=1e-12)
+
+
+def test_kl_penalty_function_value_and_registry():
+    lp, ref = _lp(KL_LP), torch.tensor(KL_REF, dtype=torch.float64)
+    for estimator in ("k1", "k2", "k3"):
+        exact = kl_penalty(lp, ref, estimator)
+        assert exact[0].tolist() == pytest.approx(KL_EXPECTED[estimator])
+    with pytest.raises(ValueError, match="kl gradient"):
+        kl_penalty(lp, ref, "k3", gradient="reverse")
+
+
+def test_kl_clamps():
+    # token 0: logπ = -30, logπ_ref = 0 -> log r = 30, clamped to 20 before the estimator
+    #   k3 = e^20 - 20 - 1 (4.85e8) -> clamped to 10 after it; unclamped e^30 - 31 = 1.07e13
+    # token 1: logπ = 0, logπ_ref = -25 -> log r = -25 -> clamp -20: k1 = 20 -> output clamp 10
+    #   k3 = e^-20 + 20 - 1 = 19.000000002 -> 10
+    # token 2: inside the bounds: log r = -0.5: k1 = 0.5, k3 = e^-0.5 - 0.5
+    lp = torch.tensor([[-30.0, 0.0, 0.0]], dtype=torch.float64)
+    ref = torch.tensor([[0.0, -25.0, -0.5]], dtype=torch.float64)
+    k3 = kl_estimate(lp, ref, "k3", input_clamp=20.0, output_clamp=10.0)
+    assert k3[0].tolist() == pytest.approx([10.0, 10.0, math.exp(-0.5) - 0.5])
+    assert kl_estimate(lp, ref, "k3")[0, 0].item() == pytest.approx(math.exp(30) - 31)
+    assert kl_estimate(lp, ref, "k3", input_clamp=20.0)[0, 0].item() == pytest.approx(math.exp(20) - 21)
+    k1 = kl_estimate(lp, ref, "k1", input_clamp=20.0, output_clamp=10.0)
+    assert k1[0].tolist() == pytest.approx([-10.0, 10.0, 0.5])
+    # the loss uses NeMo RL's 20 / 10 by default; null switches them off
+    grad_lp = lp.clone().requires_grad_(True)
+    loss, metrics = clipped_pg_loss(
+        grad_lp, lp, torch.zeros(1, dtype=torch.float64), torch.ones_like(lp), normalizer=3,
+        reference_logprobs=ref, kl_beta=1.0,
+    )  # fmt: skip
+    assert metrics["kl"] == pytest.approx((20 + math.exp(-0.5) - 0.5) / 3)
+    assert torch.isfinite(loss)
+    _, off = clipped_pg_loss(
+        lp, lp, torch.zeros(1, dtype=torch.float64), torch.ones_like(lp), normalizer=3,
+        reference_logprobs=ref, kl_input_clamp=None, kl_output_clamp=None,
+    )  # fmt: skip
+    assert off["kl"] == pytest.approx((math.exp(30) - 31 + math.exp(-25) + 24 + math.exp(-0.5) - 0.5) / 3)
 
 
 def test_kl_metric_reported_without_penalty():
@@ -270,6 +364,99 @@ def test_importance_correction(correction, expected_w):
     assert lp.grad[0].tolist() == pytest.approx([-w / 3 for w in expected_w])
 
 
+def _importance_case(correction, weights, *, mask=None, **kwargs):
+    """On-policy shortcut (ratio 1), A = +1, engine logprobs such that π_old / π_gen = `weights`."""
+    w = torch.tensor(weights, dtype=torch.float64)
+    lp = _lp((-torch.arange(1, w.numel() + 1, dtype=torch.float64).view_as(w) / 4).tolist())
+    gen = lp.detach() - w.log()
+    mask = torch.ones_like(lp) if mask is None else torch.tensor(mask, dtype=torch.float64)
+    loss, metrics = clipped_pg_loss(
+        lp, lp.detach(), torch.ones(w.shape[0], dtype=torch.float64), mask, normalizer=float(mask.sum()),
+        generation_logprobs=gen, importance_correction=correction, **kwargs,
+    )  # fmt: skip
+    loss.backward()
+    return loss.item(), metrics, lp.grad
+
+
+def test_truncated_importance_sampling_with_lower_bound():
+    # w = [0.5, 1.5, 4], bounds [0.6, 2]: clamp -> [0.6, 1.5, 2]; tokens 0 and 2 were out of bounds
+    loss, metrics, grad = _importance_case(
+        "truncated", [[0.5, 1.5, 4.0]], importance_cap=2.0, importance_min=0.6
+    )
+    assert loss == pytest.approx(-4.1 / 3)
+    assert metrics["importance_weight_mean"] == pytest.approx(4.1 / 3)
+    assert metrics["is_oob_ratio"] == pytest.approx(2 / 3)
+    assert grad[0].tolist() == pytest.approx([-0.6 / 3, -1.5 / 3, -2.0 / 3])
+
+
+def test_icepop_zeroes_tokens_out_of_bounds():
+    # w = [0.5, 1.5, 4], bounds [0.6, 2]: tokens 0 and 2 dropped -> weights [0, 1.5, 0]
+    loss, metrics, grad = _importance_case(
+        "icepop", [[0.5, 1.5, 4.0]], importance_cap=2.0, importance_min=0.6
+    )
+    assert loss == pytest.approx(-1.5 / 3)
+    assert metrics["is_oob_ratio"] == pytest.approx(2 / 3)
+    assert grad[0].tolist() == pytest.approx([0.0, -1.5 / 3, 0.0])
+    # without a lower bound only the token above the cap goes
+    loss, metrics, _ = _importance_case("icepop", [[0.5, 1.5, 4.0]], importance_cap=2.0)
+    assert loss == pytest.approx(-2.0 / 3) and metrics["is_oob_ratio"] == pytest.approx(1 / 3)
+
+
+def test_sequence_masked_tis_drops_whole_sequences():
+    # seq 0: w = [0.5, 2]   geometric mean sqrt(0.5 * 2) = 1      in [0.6, 2]: kept, raw weights
+    # seq 1: w = [1.5, 4]   geometric mean sqrt(6) = 2.449 > 2     dropped (both tokens)
+    # (token-level: 0.5 < 0.6 and 4 > 2 would be out; at sequence level only seq 1 is)
+    # seq 2: w = [3, 9] with the 2nd token masked: geometric mean over valid tokens = 3 > 2: dropped
+    weights = [[0.5, 2.0], [1.5, 4.0], [3.0, 9.0]]
+    mask = [[1, 1], [1, 1], [1, 0]]
+    loss, metrics, grad = _importance_case(
+        "seq_mask", weights, mask=mask, importance_cap=2.0, importance_min=0.6
+    )
+    assert loss == pytest.approx(-2.5 / 5)
+    assert metrics["importance_weight_mean"] == pytest.approx(2.5 / 5)
+    assert metrics["is_oob_ratio"] == pytest.approx(3 / 5)
+    assert grad.tolist() == [[pytest.approx(-0.5 / 5), pytest.approx(-2.0 / 5)], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_importance_weights_function():
+    old = torch.tensor([[0.0, 0.0, 0.0]])
+    gen = -torch.tensor([[ln(0.5), ln(1.5), ln(4.0)]])
+    w, out = importance_weights(old, gen, torch.ones(1, 3), correction="plain")
+    assert w[0].tolist() == pytest.approx([0.5, 1.5, 4.0]) and not out.any()
+    w, out = importance_weights(old, gen, torch.tensor([[1, 1, 0]]), correction="truncated", cap=1.0)
+    assert w[0].tolist() == pytest.approx([0.5, 1.0, 0.0]) and out[0].tolist() == [False, True, False]
+    with pytest.raises(ValueError, match="importance_min"):
+        importance_weights(old, gen, torch.ones(1, 3), correction="icepop", cap=1.0, min_ratio=1.5)
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens():
+    # A = +1, ratios [0.5, 1.1, 1.5], eps 0.2: ŵ = sg(clip(r, 0.8, 1.2)) = [0.8, 1.1, 1.2]
+    # l = -A ŵ (value), ∇ = -A ŵ ∇logπ: every token keeps a gradient (PPO cuts token 2's: see
+    # test_positive_advantage_clips_only_above)
+    loss, metrics, grad = _ratios_case([0.5, 1.1, 1.5], 1.0, loss_fn=cispo_loss)
+    assert loss == pytest.approx(-3.1 / 3)
+    assert metrics["clip_fraction"] == pytest.approx(2 / 3)
+    assert metrics["ratio_mean"] == pytest.approx(3.1 / 3)
+    assert grad == pytest.approx([-0.8 / 3, -1.1 / 3, -1.2 / 3])
+    # A = -1: the same weights, gradient +ŵ / 3
+    loss, _, grad = _ratios_case([0.5, 1.1, 1.5], -1.0, loss_fn=cispo_loss)
+    assert loss == pytest.approx(3.1 / 3) and grad == pytest.approx([0.8 / 3, 1.1 / 3, 1.2 / 3])
+    # MiniMax-M1: no lower bound (clip_low >= 1): ŵ = [0.5, 1.1, 1.2]
+    loss, metrics, grad = _ratios_case([0.5, 1.1, 1.5], 1.0, loss_fn=cispo_loss, clip_low=1.0)
+    assert grad == pytest.approx([-0.5 / 3, -1.1 / 3, -1.2 / 3])
+    assert metrics["clip_fraction"] == pytest.approx(1 / 3)
+    assert POLICY_LOSSES["cispo"] is cispo_loss
+
+
+def test_cispo_on_policy_is_reinforce():
+    lp = _lp([[-0.3, -1.2, -2.0], [-0.1, -0.9, -0.4]])
+    adv = torch.tensor([0.5, -1.5], dtype=torch.float64)
+    loss, _ = cispo_loss(lp, lp.detach(), adv, torch.ones_like(lp), normalizer=6)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(0.5 * 3 - 1.5 * 3) / 6)
+    assert lp.grad.tolist() == [[pytest.approx(-0.5 / 6)] * 3, [pytest.approx(1.5 / 6)] * 3]
+
+
 def test_on_policy_shortcut_gradient_is_plain_policy_gradient():
     # old = logπ.detach(): ratio = 1, d loss / d logπ = -A / N (REINFORCE with advantages)
     lp = _lp([[-0.3, -1.2, -2.0], [-0.1, -0.9, -0.4]])
@@ -298,9 +485,19 @@ def test_token_normalizer_makes_clip_metrics_token_means():
 # --- split invariance ------------------------------------------------------------------------
 
 
+SPLIT_VARIANTS = {
+    "clipped_token": dict(ratio_level="token", importance_correction="truncated", importance_cap=1.5),
+    "clipped_sequence": dict(ratio_level="sequence", importance_correction="truncated", importance_cap=1.5),
+    "icepop": dict(importance_correction="icepop", importance_cap=1.3, importance_min=0.8),
+    "seq_mask": dict(importance_correction="seq_mask", importance_cap=1.1, importance_min=0.9),
+    "cispo": dict(loss_fn=cispo_loss, importance_correction="truncated", importance_min=0.8),
+    "plain_kl": dict(kl_gradient="plain", kl_estimator="k2"),
+}
+
+
 @pytest.mark.parametrize("aggregation", ["token", "sequence", "seq_mean_token_sum"])
-@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
-def test_split_invariance(aggregation, ratio_level):
+@pytest.mark.parametrize("variant", list(SPLIT_VARIANTS))
+def test_split_invariance(aggregation, variant):
     gen = torch.Generator().manual_seed(1)
     B, T = 8, 6
     lp_data = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
@@ -311,14 +508,15 @@ def test_split_invariance(aggregation, ratio_level):
     lengths = torch.randint(1, T + 1, (B,), generator=gen)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.float64)
     normalizer = {"token": mask.sum().item(), "sequence": B, "seq_mean_token_sum": B * T}[aggregation]
-    kw = dict(
-        normalizer=normalizer, aggregation=aggregation, ratio_level=ratio_level, clip_high=0.28,
-        dual_clip=3.0, kl_beta=0.05, importance_correction="truncated", importance_cap=1.5,
-    )  # fmt: skip
+    kw = dict(normalizer=normalizer, aggregation=aggregation, clip_high=0.28, kl_beta=0.05)
+    kw.update(SPLIT_VARIANTS[variant])
+    loss_fn = kw.pop("loss_fn", clipped_pg_loss)
+    if loss_fn is clipped_pg_loss:
+        kw["dual_clip"] = 3.0
 
     def run(rows):
         lp = lp_data[rows].clone().requires_grad_(True)
-        loss, metrics = clipped_pg_loss(
+        loss, metrics = loss_fn(
             lp,
             old[rows],
             adv[rows],
@@ -334,6 +532,8 @@ def test_split_invariance(aggregation, ratio_level):
     first, m1, g1 = run(slice(0, 3))
     second, m2, g2 = run(slice(3, B))
     assert whole != 0.0
+    if "is_oob_ratio" in whole_metrics:  # the bounds are tight enough to drop some tokens, not all
+        assert 0.0 < whole_metrics["is_oob_ratio"] < 1.0
     assert first + second == pytest.approx(whole, rel=1e-12)
     assert torch.allclose(torch.cat([g1, g2]), whole_grad, rtol=1e-12, atol=1e-15)
     for key, value in whole_metrics.items():

@@ -9,8 +9,14 @@ Standard deviation convention: the *sample* standard deviation with Bessel's cor
 (divide by G - 1), as ``torch.std`` does by default and as GRPO implementations (TRL, verl) use.
 A group of one sample has no spread; its std is defined as 0 here (``torch.std`` would give NaN).
 
+A group whose rewards are all equal (max - min = 0) gets advantage exactly 0 from every group
+estimator; the decision is made on the range, never on a rounded std (see ``group_range``).
+Group statistics are computed in float64.
+
 Registry: ``ADVANTAGE_ESTIMATORS[name]`` with ``name`` in ``"grpo"``, ``"dr_grpo"``, ``"rloo"``,
 ``"reinforce_pp"``; ``compute_advantages(name, rewards, group_ids, **kwargs)`` dispatches.
+Around them: ``scale_rewards`` (NeMo RL's reward scaling), ``kl_penalized_rewards`` /
+``kl_penalized_returns`` (the KL to a reference as a reward penalty) and ``clip_advantages``.
 """
 
 from __future__ import annotations
@@ -43,6 +49,25 @@ def _as_float(rewards: torch.Tensor) -> torch.Tensor:
     return rewards if rewards.is_floating_point() else rewards.to(torch.float32)
 
 
+def _group_index(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    if group_ids.shape != values.shape:
+        raise ValueError(f"group_ids shape {tuple(group_ids.shape)} != rewards shape {tuple(values.shape)}")
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    return inverse, int(inverse.max().item()) + 1 if inverse.numel() else 0
+
+
+def _group_stats64(values: torch.Tensor, group_ids: torch.Tensor):
+    """(inverse, count, sum, mean, sq_dev) per group, in float64; mean/count/sum are [num_groups]."""
+    r = values.to(torch.float64)
+    inverse, num_groups = _group_index(values, group_ids)
+    zeros = r.new_zeros(num_groups)
+    count = zeros.index_add(0, inverse, torch.ones_like(r))
+    total = zeros.index_add(0, inverse, r)
+    mean = total / count
+    sq_dev = zeros.index_add(0, inverse, (r - mean[inverse]) ** 2)
+    return inverse, count, total, mean, sq_dev
+
+
 def group_statistics(values: torch.Tensor, group_ids: torch.Tensor) -> GroupStats:
     """Count, sum, mean and sample std of each sample's group, vectorised.
 
@@ -50,21 +75,41 @@ def group_statistics(values: torch.Tensor, group_ids: torch.Tensor) -> GroupStat
         values: [N] float values (rewards).
         group_ids: [N] integer group ids; any values, in any order.
     Returns:
-        GroupStats of four [N] tensors (see its docstring). The variance is computed in two
-        passes (mean first, then squared deviations) for numerical stability.
+        GroupStats of four [N] tensors (see its docstring), in the values' float dtype. Computed
+        in float64, the variance in two passes (mean first, then squared deviations).
     """
     values = _as_float(values)
-    if group_ids.shape != values.shape:
-        raise ValueError(f"group_ids shape {tuple(group_ids.shape)} != rewards shape {tuple(values.shape)}")
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    zeros = values.new_zeros(num_groups)
-    count = zeros.index_add(0, inverse, torch.ones_like(values))
-    total = zeros.index_add(0, inverse, values)
-    mean = total / count
-    sq_dev = zeros.index_add(0, inverse, (values - mean[inverse]) ** 2)
+    inverse, count, total, mean, sq_dev = _group_stats64(values, group_ids)
     var = torch.where(count > 1, sq_dev / (count - 1).clamp(min=1), torch.zeros_like(sq_dev))
-    return GroupStats(count[inverse], total[inverse], mean[inverse], var.sqrt()[inverse])
+    out = (count[inverse], total[inverse], mean[inverse], var.sqrt()[inverse])
+    return GroupStats(*(x.to(values.dtype) for x in out))
+
+
+def group_range(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """max - min of each sample's group, [N] (exact: no rounding, unlike a std).
+
+    A group whose range is 0 has all-equal rewards: no spread, no learning signal. Deciding by
+    the range and not by ``std > 0`` matters: G copies of 0.1 (not exactly representable) have
+    a mean that is not exactly 0.1 after rounding, hence a tiny non-zero std.
+    """
+    r = _as_float(values).to(torch.float64)
+    inverse, num_groups = _group_index(values, group_ids)
+    hi = r.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, r, reduce="amax")
+    lo = r.new_full((num_groups,), torch.inf).scatter_reduce(0, inverse, r, reduce="amin")
+    return (hi - lo)[inverse]
+
+
+def _others_constant(r: torch.Tensor, inverse: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """[N] bool: the other members of sample i's group all have the same value (exactly)."""
+    hi = r.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, r, reduce="amax")[inverse]
+    lo = r.new_full((num_groups,), torch.inf).scatter_reduce(0, inverse, r, reduce="amin")[inverse]
+    ones = torch.ones_like(r)
+    zeros = r.new_zeros(num_groups)
+    count = zeros.index_add(0, inverse, ones)[inverse]
+    at_hi = zeros.index_add(0, inverse, (r == hi).to(r.dtype))[inverse]
+    at_lo = zeros.index_add(0, inverse, (r == lo).to(r.dtype))[inverse]
+    # no spread at all, or i is the one sample that differs from all the others
+    return (hi == lo) | ((r == hi) & (at_lo == count - 1)) | ((r == lo) & (at_hi == count - 1))
 
 
 def grpo_advantages(
@@ -73,38 +118,60 @@ def grpo_advantages(
     *,
     normalize_std: bool = True,
     leave_one_out: bool = False,
+    leave_one_out_std: bool = False,
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """GRPO's group-relative advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
-        A_i = (r_i - b_i) / (std_g + eps)     if normalize_std
-        A_i =  r_i - b_i                      otherwise
+        A_i = (r_i - b_i) / (s_i + eps)     if normalize_std
+        A_i =  r_i - b_i                    otherwise
         b_i = mean_g = (1/G) sum_{j in g} r_j                   (default)
-        b_i = (1/(G-1)) sum_{j in g, j != i} r_j                (leave_one_out; 0 advantage if G = 1)
+        b_i = (1/(G-1)) sum_{j in g, j != i} r_j                (leave_one_out)
+        s_i = std_g, the group's sample std (Bessel, G - 1)     (default)
+        s_i = sample std of the G - 1 OTHER rewards (Bessel, G - 2)   (leave_one_out_std)
 
-    where g is sample i's group, G its size and std_g the group's sample std (Bessel, G - 1; 0 for
-    G = 1). With leave_one_out the std is still the whole group's std.
+    where g is sample i's group and G its size. leave_one_out with leave_one_out_std is NeMo RL's
+    default (``calculate_baseline_and_std_per_prompt``): baseline and std both leave sample i
+    out. Where that std is 0 (the others are all equal, or G <= 2) the advantage is r_i - b_i,
+    undivided, as NeMo RL does ("don't sharpen the ones with no variation").
+
+    A group with no spread (max - min = 0, see ``group_range``; a singleton too) gets exactly 0
+    for every variant, even when float rounding leaves a tiny std (0.1 is not exact in float32).
+    Computed in float64, returned in the rewards' float dtype.
 
     Args:
         rewards: [N] scalar reward per sample.
         group_ids: [N] integer id of each sample's group (prompt).
     Returns:
-        [N] advantages, the rewards' float dtype.
+        [N] advantages.
     """
+    if leave_one_out_std and not leave_one_out:
+        raise ValueError(
+            "leave_one_out_std needs leave_one_out=True (NeMo RL's leave-one-out baseline and std)"
+        )
     rewards = _as_float(rewards)
-    stats = group_statistics(rewards, group_ids)
+    r = rewards.to(torch.float64)
+    inverse, count, total, mean, sq_dev = _group_stats64(rewards, group_ids)
+    num_groups = count.numel()
+    n, s, m = count[inverse], total[inverse], mean[inverse]
     if leave_one_out:
-        others = torch.where(stats.count > 1, stats.count - 1, torch.ones_like(stats.count))
-        baseline = torch.where(stats.count > 1, (stats.sum - rewards) / others, rewards)
+        baseline = torch.where(n > 1, (s - r) / (n - 1).clamp(min=1), r)
     else:
-        baseline = stats.mean
-    advantages = rewards - baseline
+        baseline = m
+    advantages = r - baseline
     if normalize_std:
-        # a zero-spread group (all rewards equal, or a singleton) has no signal: exactly 0, even
-        # with eps = 0 or when float rounding leaves r - mean = 1e-17
-        spread = stats.std > 0
-        advantages = torch.where(spread, advantages / (stats.std + eps), torch.zeros_like(advantages))
-    return advantages
+        if leave_one_out_std:
+            # squared deviations of the others about THEIR mean b: the group's about its mean,
+            # moved to b (G (mean - b)^2), minus sample i's own term
+            others_sq = sq_dev[inverse] + n * (m - baseline) ** 2 - (r - baseline) ** 2
+            var = torch.where(n > 2, others_sq.clamp(min=0) / (n - 2).clamp(min=1), torch.zeros_like(r))
+            std = torch.where(_others_constant(r, inverse, num_groups), torch.zeros_like(r), var.sqrt())
+        else:
+            std = torch.where(n > 1, sq_dev[inverse] / (n - 1).clamp(min=1), torch.zeros_like(r)).sqrt()
+        advantages = torch.where(std > 0, advantages / (std + eps), advantages)
+    no_spread = group_range(rewards, group_ids) == 0
+    advantages = torch.where(no_spread, torch.zeros_like(advantages), advantages)
+    return advantages.to(rewards.dtype)
 
 
 def dr_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -113,7 +180,7 @@ def dr_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.
         A_i = r_i - mean_g
 
     GRPO without the division by the group std (which up-weights near-solved or near-failed
-    prompts). Shapes: rewards [N], group_ids [N] -> [N].
+    prompts). A group with no spread gets exactly 0. Shapes: rewards [N], group_ids [N] -> [N].
     """
     return grpo_advantages(rewards, group_ids, normalize_std=False)
 
@@ -123,10 +190,56 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
 
         A_i = r_i - (1/(G-1)) sum_{j in g, j != i} r_j = G/(G-1) * (r_i - mean_g)
 
-    A group of one sample (G = 1) has no other member and gets advantage 0.
-    Shapes: rewards [N], group_ids [N] -> [N].
+    A group of one sample (G = 1) has no other member and gets advantage 0; so does a group
+    with no spread. Shapes: rewards [N], group_ids [N] -> [N].
     """
     return grpo_advantages(rewards, group_ids, normalize_std=False, leave_one_out=True)
+
+
+def kl_penalized_rewards(
+    rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, *, kl_beta: float
+) -> torch.Tensor:
+    """Sequence reward minus the KL penalty summed over its tokens (the KL as a reward, PPO-RLHF style).
+
+        r'_i = r_i - β sum_t m_it KL_it
+
+    KL_it is a per-token estimate of KL(π || π_ref) (``policy_loss.kl_estimate``, no gradient).
+    The sum (not mean) over tokens makes r' the return of the token-level reward
+    -β KL_t (+ r at the last token) with γ = 1, as in InstructGPT (arXiv:2203.02155) and PPO-RLHF
+    implementations; it grows with length. Shapes: rewards [N], kl [N, T], mask [N, T] -> [N].
+    """
+    if kl.shape != mask.shape or kl.shape[0] != rewards.shape[0]:
+        raise ValueError(
+            f"kl {tuple(kl.shape)} and mask {tuple(mask.shape)} must be [N, T], N = {rewards.shape[0]}"
+        )
+    rewards = _as_float(rewards)
+    m = mask.to(torch.bool)
+    penalty = torch.where(m, kl.detach().to(torch.float64), kl.new_zeros((), dtype=torch.float64)).sum(-1)
+    return (rewards.to(torch.float64) - kl_beta * penalty).to(rewards.dtype)
+
+
+def kl_penalized_returns(
+    rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, *, kl_beta: float
+) -> torch.Tensor:
+    """Per-token return-to-go of the reward with a per-token KL penalty (REINFORCE++, arXiv:2501.03262).
+
+        G_it = r_i - β sum_{s >= t} m_is KL_is        (γ = 1; 0 where m_it = 0)
+
+    The token-level reward is -β KL_t at every generated token plus r at the last one, and the
+    advantage of token t is its return (REINFORCE++'s eq.; OpenRLHF's implementation). Token 0's
+    return is ``kl_penalized_rewards``. (NeMo RL's REINFORCE++ subtracts only the token's own
+    β KL_t, not the sum over later tokens.) Shapes: rewards [N], kl [N, T], mask [N, T] -> [N, T].
+    """
+    if kl.shape != mask.shape or kl.shape[0] != rewards.shape[0]:
+        raise ValueError(
+            f"kl {tuple(kl.shape)} and mask {tuple(mask.shape)} must be [N, T], N = {rewards.shape[0]}"
+        )
+    rewards = _as_float(rewards)
+    m = mask.to(torch.bool)
+    k = torch.where(m, kl.detach().to(torch.float64), kl.new_zeros((), dtype=torch.float64))
+    to_go = k.flip(-1).cumsum(-1).flip(-1)
+    returns = rewards.to(torch.float64).unsqueeze(-1) - kl_beta * to_go
+    return torch.where(m, returns, torch.zeros_like(returns)).to(rewards.dtype)
 
 
 def reinforce_pp_advantages(
@@ -135,6 +248,9 @@ def reinforce_pp_advantages(
     *,
     group_baseline: bool = False,
     eps: float = 1e-6,
+    kl: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
 ) -> torch.Tensor:
     """REINFORCE++ advantage (Hu 2025, arXiv:2501.03262): global batch normalisation.
 
@@ -146,17 +262,66 @@ def reinforce_pp_advantages(
     the sample std over the whole batch passed in (Bessel, N - 1; 0 for N = 1), so call this on
     the full global batch, not per microbatch. group_ids is only used with group_baseline.
     Shapes: rewards [N], group_ids [N] -> [N].
+
+    With ``kl`` ([N, T] per-token KL estimates) and ``mask`` ([N, T]) the KL is a per-token
+    reward penalty, as in the paper: a_it = ``kl_penalized_returns(a, kl, mask, kl_beta)``
+    (a_i minus β times the KL still to come), normalised over the batch's valid TOKENS (mean and
+    Bessel std over all m_it = 1); the result is [N, T], 0 at masked positions.
     """
     rewards = _as_float(rewards)
+    r = rewards.to(torch.float64)
     if group_baseline:
         if group_ids is None:
             raise ValueError("reinforce_pp_advantages(group_baseline=True) needs group_ids")
-        centred = rewards - group_statistics(rewards, group_ids).mean
+        centred = r - group_statistics(r, group_ids).mean
     else:
-        centred = rewards
-    centred = centred - centred.mean()
-    std = centred.std() if centred.numel() > 1 else centred.new_zeros(())
-    return centred / (std + eps)
+        centred = r
+    if kl is None:
+        centred = centred - centred.mean()
+        std = centred.std() if centred.numel() > 1 else centred.new_zeros(())
+        return (centred / (std + eps)).to(rewards.dtype)
+    if mask is None:
+        raise ValueError("reinforce_pp_advantages(kl=...) needs the token mask")
+    m = mask.to(torch.bool)
+    returns = kl_penalized_returns(centred, kl, mask, kl_beta=kl_beta)
+    values = returns[m]
+    mean = values.mean() if values.numel() else returns.new_zeros(())
+    std = values.std() if values.numel() > 1 else returns.new_zeros(())
+    out = torch.where(m, (returns - mean) / (std + eps), torch.zeros_like(returns))
+    return out.to(rewards.dtype)
+
+
+def clip_advantages(advantages: torch.Tensor, clip: float | None) -> torch.Tensor:
+    """A clamped to [-clip, clip] (None: unchanged). Bounds the weight a single sample gets, e.g. a
+    lone success among G binary rewards, whose GRPO advantage is (G - 1) / sqrt(G) (7.9 for G = 64)."""
+    if clip is None:
+        return advantages
+    if clip <= 0:
+        raise ValueError(f"advantage clip must be > 0, got {clip}")
+    return advantages.clamp(min=-clip, max=clip)
+
+
+def scale_rewards(
+    rewards: torch.Tensor,
+    *,
+    source_min: float,
+    source_max: float,
+    target_min: float,
+    target_max: float,
+) -> torch.Tensor:
+    """NeMo RL's reward scaling: clamp to [source_min, source_max], then map linearly onto
+    [target_min, target_max].
+
+        r' = target_min + (clamp(r, source_min, source_max) - source_min)
+                          * (target_max - target_min) / (source_max - source_min)
+
+    Shapes: [N] -> [N] (the rewards' float dtype).
+    """
+    if source_max <= source_min:
+        raise ValueError(f"need source_min < source_max, got {source_min} and {source_max}")
+    r = rewards if rewards.is_floating_point() else rewards.float()
+    clamped = r.clamp(min=source_min, max=source_max)
+    return target_min + (clamped - source_min) * ((target_max - target_min) / (source_max - source_min))
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {

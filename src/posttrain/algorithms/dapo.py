@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from posttrain.algorithms.advantages import group_range
+
 
 def zero_variance_groups(
     rewards: torch.Tensor, group_ids: torch.Tensor, *, atol: float = 0.0
@@ -21,12 +23,7 @@ def zero_variance_groups(
     """
     if rewards.shape != group_ids.shape or rewards.dim() != 1:
         raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must be [N]")
-    r = rewards.to(torch.float64)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    hi = r.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, r, reduce="amax")
-    lo = r.new_full((num_groups,), torch.inf).scatter_reduce(0, inverse, r, reduce="amin")
-    return ((hi - lo) <= atol)[inverse]
+    return group_range(rewards, group_ids) <= atol
 
 
 def overlong_filter_mask(truncated: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,12 @@
-"""The clipped policy-gradient loss of PPO / GRPO with its variants' knobs, as pure torch functions.
+"""The policy-gradient losses of PPO / GRPO and their variants' knobs, as pure torch functions.
 
-One function, ``clipped_pg_loss``, covers GRPO, DAPO (clip-higher), dual-clip PPO, GSPO
-(sequence-level ratio), Dr. GRPO (constant-length aggregation), a KL penalty to a reference
-policy, and truncated importance sampling against the inference engine's logprobs.
+``clipped_pg_loss`` covers GRPO, DAPO (clip-higher), dual-clip PPO, GSPO (sequence-level ratio),
+Dr. GRPO (constant-length aggregation), a KL penalty to a reference policy (``kl_penalty``: value
+of a Schulman estimator, expected gradient ∇KL(π || π_ref)), and importance sampling against the
+inference engine's logprobs (``importance_weights``: plain, truncated, ICE-POP, sequence-masked).
+``cispo_loss`` is MiniMax-M1's CISPO (clipped, stop-gradient IS weight times log π). Registry:
+``POLICY_LOSSES[name]``, name in "clipped_pg", "cispo"; both take the same keyword knobs except
+``dual_clip`` and ``ratio_level`` (clipped_pg only).
 
 Normalisation convention (see ``losses.py``): the loss is a *sum* over this microbatch divided
 by ``normalizer``, a count over the GLOBAL batch (all microbatches, all data-parallel ranks), so
@@ -24,7 +28,10 @@ import torch
 RatioLevel = Literal["token", "sequence"]
 Aggregation = Literal["token", "sequence", "seq_mean_token_sum"]
 KLEstimator = Literal["k1", "k2", "k3"]
-ImportanceCorrection = Literal["plain", "truncated"]
+KLGradient = Literal["exact", "plain"]
+ImportanceCorrection = Literal["plain", "truncated", "icepop", "seq_mask"]
+
+IMPORTANCE_CORRECTIONS = (None, "plain", "truncated", "icepop", "seq_mask")
 
 AGGREGATIONS = ("token", "sequence", "seq_mean_token_sum")
 
@@ -52,28 +59,35 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return zeroed.sum(dim) / count.sum(dim).clamp(min=1)
 
 
-def _k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    return logprobs - ref_logprobs
+def _k1(log_r: torch.Tensor) -> torch.Tensor:
+    return -log_r
 
 
-def _k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (logprobs - ref_logprobs) ** 2
+def _k2(log_r: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_r**2
 
 
-def _k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    log_r = ref_logprobs - logprobs
+def _k3(log_r: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_r) - log_r - 1
 
 
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+# each maps log r = log π_ref(x) - log π(x) of a token x sampled from π to a per-token estimate
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "k1": _k1,
     "k2": _k2,
     "k3": _k3,
 }
 
+KL_GRADIENTS = ("exact", "plain")
+
 
 def kl_estimate(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3"
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    estimator: KLEstimator = "k3",
+    *,
+    input_clamp: float | None = None,
+    output_clamp: float | None = None,
 ) -> torch.Tensor:
     """Per-token estimate of KL(π || π_ref) from tokens sampled from π (Schulman 2020,
     "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html).
@@ -83,10 +97,56 @@ def kl_estimate(
         k2 = 0.5 * (log r)^2                     biased, low variance, >= 0
         k3 = exp(log r) - log r - 1              unbiased, low variance, >= 0 (GRPO's choice)
 
-    Shapes: logprobs [B, T], ref_logprobs [B, T] -> [B, T] (elementwise; mask it yourself).
+    Clamps (NeMo RL's, there 20 and 10; None: off): log r is clamped to [-input_clamp,
+    input_clamp] before the estimator (exp(log r) cannot overflow), the estimate to
+    [-output_clamp, output_clamp] after it. A clamped token has no gradient through the estimate.
+
+    This is the VALUE of the estimate; its gradient is not ∇KL(π || π_ref) for k1 and k3, see
+    ``kl_penalty`` for the loss term. Shapes: [B, T] x2 -> [B, T] (elementwise; mask it yourself).
     """
     _check_choice("kl estimator", estimator, KL_ESTIMATORS)
-    return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
+    log_r = ref_logprobs - logprobs
+    if input_clamp is not None:
+        log_r = log_r.clamp(min=-input_clamp, max=input_clamp)
+    kl = KL_ESTIMATORS[estimator](log_r)
+    if output_clamp is not None:
+        kl = kl.clamp(min=-output_clamp, max=output_clamp)
+    return kl
+
+
+def kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    estimator: KLEstimator = "k3",
+    *,
+    gradient: KLGradient = "exact",
+    input_clamp: float | None = 20.0,
+    output_clamp: float | None = 10.0,
+) -> torch.Tensor:
+    """Per-token KL loss term: the value of ``kl_estimate``, the gradient of KL(π || π_ref).
+
+    The tokens x are sampled from π and held fixed, so a loss term k(x) has expected gradient
+    E_π[∇k(x)], not ∇E_π[k(x)]: the score-function part E_π[k(x) ∇log π(x)] is missing. With
+    d = log π(x) - log π_ref(x) (= -log r) and ∇KL(π || π_ref) = E_π[d ∇log π]:
+
+        k1: ∇k1 = ∇log π,         E_π[∇log π] = 0             (no expected gradient at all)
+        k2: ∇k2 = d ∇log π,       E_π = ∇KL(π || π_ref)       (already right)
+        k3: ∇k3 = (1 - r) ∇log π, E_π = -Σ_x π_ref ∇log π = ∇KL(π_ref || π)   (the reverse KL)
+
+    gradient="exact" multiplies k1 and k3 by the score-function factor exp(log π - sg(log π))
+    (value 1, gradient ∇log π; as NeMo RL does), adding k ∇log π: both then have the per-token
+    gradient d ∇log π, like k2, and every estimator's expected gradient is ∇KL(π || π_ref).
+    gradient="plain" adds the estimate as is: DeepSeekMath's GRPO (arXiv:2402.03300, k3 as a
+    plain loss term; its expected gradient is that of KL(π_ref || π)); with k1 it is a no-op in
+    expectation. k2 is the same in both modes.
+
+    Clamps as in ``kl_estimate`` (defaults: NeMo RL's 20 / 10). Shapes: [B, T] x2 -> [B, T].
+    """
+    _check_choice("kl gradient", gradient, KL_GRADIENTS)
+    kl = kl_estimate(logprobs, ref_logprobs, estimator, input_clamp=input_clamp, output_clamp=output_clamp)
+    if gradient == "exact" and estimator in ("k1", "k3"):
+        kl = kl * torch.exp(logprobs - logprobs.detach())
+    return kl
 
 
 def aggregate(
@@ -129,6 +189,158 @@ def sequence_log_ratio(
     return masked_mean(logprobs - old_logprobs, mask, dim=-1)
 
 
+def importance_weights(
+    old_logprobs: torch.Tensor,
+    generation_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    correction: ImportanceCorrection,
+    cap: float = 2.0,
+    min_ratio: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights that correct for the inference engine's sampler differing from the trainer's π_old.
+
+    Per valid token, w_bt = π_old(x_bt) / π_gen(x_bt) = exp(log π_old_bt - log π_gen_bt), with
+    bounds [lo, hi] = [min_ratio (0 if None), cap]:
+
+        "plain"      w as is (unbiased, unbounded variance)
+        "truncated"  clamp(w, lo, hi): truncated IS (TIS; Yao et al. 2025, "Your efficient RL
+                     framework secretly brings you off-policy RL training"); lo > 0 also lifts
+                     tiny weights
+        "icepop"     w if lo <= w <= hi, else 0: tokens whose engine and trainer disagree too
+                     much are dropped (ICE-POP, Ling team 2025, "Every step evolves"; NeMo RL's
+                     reference bounds 0.5 / 5)
+        "seq_mask"   w (not truncated) if lo <= g_b <= hi, else 0 for the whole sequence b, with
+                     g_b = exp(mean_t log w_bt) the sequence's geometric-mean ratio
+                     (sequence-masked TIS; NeMo RL's reference bounds 0.999 / 1.002)
+
+    Returns (weights, out_of_bounds), both [B, T]: the weights without gradient (0 at masked
+    positions), and a bool mask of valid tokens whose ratio (for "seq_mask": whose sequence's
+    ratio) lies outside [lo, hi] (all False for "plain").
+    """
+    _check_choice("importance_correction", correction, IMPORTANCE_CORRECTIONS[1:])
+    if cap <= 0:
+        raise ValueError(f"importance_cap must be > 0, got {cap}")
+    lo = 0.0 if min_ratio is None else min_ratio
+    if lo < 0 or lo >= cap:
+        raise ValueError(f"need 0 <= importance_min < importance_cap, got {min_ratio} and {cap}")
+    valid = mask.to(torch.bool)
+    zero = torch.zeros_like(old_logprobs)
+    gen = generation_logprobs.detach().to(old_logprobs.dtype)
+    log_w = torch.where(valid, old_logprobs.detach() - gen, zero)
+    w = torch.where(valid, torch.exp(log_w), zero)
+    if correction == "plain":
+        return w, torch.zeros_like(valid)
+    if correction == "seq_mask":
+        geo = torch.exp(masked_mean(log_w, valid, dim=-1)).unsqueeze(-1)
+        out = ((geo < lo) | (geo > cap)) & valid
+    else:
+        out = ((w < lo) | (w > cap)) & valid
+    if correction == "truncated":
+        w = torch.where(valid, w.clamp(min=lo, max=cap), zero)
+    else:
+        w = torch.where(out, zero, w)
+    return w, out
+
+
+def _check_common(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    normalizer: float,
+    aggregation: str,
+    generation_logprobs: torch.Tensor | None,
+    reference_logprobs: torch.Tensor | None,
+    clip_low: float,
+    clip_high: float,
+    kl_beta: float,
+    kl_estimator: str,
+    kl_gradient: str,
+    importance_correction: str | None,
+) -> None:
+    _check_choice("aggregation", aggregation, AGGREGATIONS)
+    _check_choice("importance_correction", importance_correction, IMPORTANCE_CORRECTIONS)
+    _check_choice("kl estimator", kl_estimator, KL_ESTIMATORS)
+    _check_choice("kl gradient", kl_gradient, KL_GRADIENTS)
+    if normalizer <= 0:
+        raise ValueError(f"normalizer must be > 0 (a global token or sequence count), got {normalizer}")
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
+    if kl_beta < 0:
+        raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
+    if kl_beta > 0 and reference_logprobs is None:
+        raise ValueError("kl_beta > 0 needs reference_logprobs; pass them or set kl_beta=0")
+    if importance_correction is not None and generation_logprobs is None:
+        raise ValueError(
+            f"importance_correction={importance_correction!r} needs generation_logprobs "
+            "(the inference engine's logprobs); pass them or set importance_correction=None"
+        )
+    if logprobs.shape != mask.shape or old_logprobs.shape != mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
+            f"{tuple(mask.shape)} must all be [B, T]"
+        )
+
+
+def _finish(
+    per_token: torch.Tensor,
+    logprobs_z: torch.Tensor,
+    old_z: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    normalizer: float,
+    aggregation: str,
+    token_normalizer: float | None,
+    generation_logprobs: torch.Tensor | None,
+    reference_logprobs: torch.Tensor | None,
+    kl_beta: float,
+    kl_estimator: str,
+    kl_gradient: str,
+    kl_input_clamp: float | None,
+    kl_output_clamp: float | None,
+    importance_correction: str | None,
+    importance_cap: float,
+    importance_min: float | None,
+) -> tuple[torch.Tensor, dict[str, float], Callable[[torch.Tensor], float]]:
+    """Shared tail of the policy losses: importance weights on the policy-gradient term,
+    aggregation, the KL term. Returns (loss, metrics, agg_metric)."""
+    zero = torch.zeros_like(logprobs_z)
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        return aggregate(x, valid, aggregation=aggregation, normalizer=normalizer)
+
+    def agg_metric(x: torch.Tensor) -> float:
+        if token_normalizer is not None:
+            return aggregate(x, valid, aggregation="token", normalizer=token_normalizer).item()
+        return agg(x).item()
+
+    metrics: dict[str, float] = {}
+    if importance_correction is not None:
+        weight, out_of_bounds = importance_weights(
+            old_z, generation_logprobs, valid, correction=importance_correction,
+            cap=importance_cap, min_ratio=importance_min,
+        )  # fmt: skip
+        per_token = per_token * weight.to(per_token.dtype)
+        metrics["importance_weight_mean"] = agg_metric(weight)
+        if importance_correction != "plain":
+            metrics["is_oob_ratio"] = agg_metric(out_of_bounds.to(per_token.dtype))
+    pg_loss = agg(per_token)
+    loss = pg_loss
+    metrics["pg_loss"] = pg_loss.item()
+    if reference_logprobs is not None:
+        ref_z = torch.where(valid, reference_logprobs.detach().to(logprobs_z.dtype), zero)
+        per_token_kl = kl_penalty(
+            logprobs_z, ref_z, kl_estimator, gradient=kl_gradient,
+            input_clamp=kl_input_clamp, output_clamp=kl_output_clamp,
+        )  # fmt: skip
+        kl = agg(per_token_kl)
+        if kl_beta > 0:
+            loss = loss + kl_beta * kl
+        metrics["kl"] = kl.item()
+    return loss, metrics, agg_metric
+
+
 def clipped_pg_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -145,8 +357,12 @@ def clipped_pg_loss(
     aggregation: Aggregation = "token",
     kl_beta: float = 0.0,
     kl_estimator: KLEstimator = "k3",
+    kl_gradient: KLGradient = "exact",
+    kl_input_clamp: float | None = 20.0,
+    kl_output_clamp: float | None = 10.0,
     importance_correction: ImportanceCorrection | None = None,
     importance_cap: float = 2.0,
+    importance_min: float | None = None,
     token_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate policy-gradient loss (PPO, Schulman et al. 2017, arXiv:1707.06347; GRPO,
@@ -163,12 +379,13 @@ def clipped_pg_loss(
                   (clip_high > clip_low is DAPO's clip-higher, arXiv:2503.14476, e.g. 0.28 / 0.2)
         dual    if dual_clip = c and A < 0:  l_bt = min(l_bt, -c A)
                   (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729; c > 1)
-        TIS     l_bt *= w_bt,  w_bt = sg(exp(log π_old_bt - log π_gen_bt)), truncated at
-                  importance_cap if importance_correction == "truncated" (Yao et al. 2025,
-                  "Your efficient RL framework secretly brings you off-policy RL training").
-                  Corrects the gap between the inference engine's sampler and the trainer's
-                  π_old. Applied to the policy-gradient term only, not the KL term.
-        KL      l_bt += kl_beta * kl_estimate(log π_bt, log π_ref_bt, kl_estimator)
+        IS      l_bt *= w_bt, the engine-mismatch weight sg(π_old / π_gen) of
+                  ``importance_weights`` (importance_correction: plain, truncated, icepop,
+                  seq_mask; bounds [importance_min, importance_cap]). Applied to the
+                  policy-gradient term only, not the KL term.
+        KL      l_bt += kl_beta * kl_penalty(log π_bt, log π_ref_bt, kl_estimator, kl_gradient)
+                  (value: the estimate of KL(π || π_ref); gradient="exact": expected gradient
+                  ∇KL(π || π_ref) for every estimator; see ``kl_penalty``)
 
         loss    = aggregate(l, mask, aggregation, normalizer)      (see ``aggregate``)
 
@@ -185,45 +402,30 @@ def clipped_pg_loss(
             importance_correction).
         reference_logprobs: [B, T] log π_ref (needed if kl_beta > 0; if given with kl_beta = 0
             the KL is still reported as a metric).
-        token_normalizer: optional global valid-token count; when given, ``clip_fraction`` and
-            ``ratio_mean`` are token means (sum / token_normalizer) whatever the aggregation;
-            otherwise they use the loss's aggregation and normalizer (then for
-            "seq_mean_token_sum" they are diluted by the padding up to max_len).
+        token_normalizer: optional global valid-token count; when given, ``clip_fraction``,
+            ``ratio_mean`` and the importance metrics are token means (sum / token_normalizer)
+            whatever the aggregation; otherwise they use the loss's aggregation and normalizer
+            (then for "seq_mean_token_sum" they are diluted by the padding up to max_len).
 
     Returns:
         loss: scalar tensor.
         metrics: floats, this microbatch's share of the global means (sum them over microbatches):
             pg_loss (the loss without the KL term), kl (if kl_beta > 0 or reference given; the
-            unscaled KL), clip_fraction (fraction of valid tokens where the clipped branch is
-            strictly the larger: the gradient is cut), ratio_mean, and dual_clip_fraction (if
-            dual_clip), importance_weight_mean (if importance_correction).
+            unscaled, clamped estimate), clip_fraction (fraction of valid tokens where the
+            clipped branch is strictly the larger: the gradient is cut), ratio_mean, and
+            dual_clip_fraction (if dual_clip), importance_weight_mean (if importance_correction),
+            is_oob_ratio (bounded importance corrections: the share of valid tokens whose
+            ratio, or sequence's ratio for seq_mask, lies outside the bounds).
     """
     _check_choice("ratio_level", ratio_level, ("token", "sequence"))
-    _check_choice("aggregation", aggregation, AGGREGATIONS)
-    _check_choice("importance_correction", importance_correction, (None, "plain", "truncated"))
-    _check_choice("kl estimator", kl_estimator, KL_ESTIMATORS)
-    if normalizer <= 0:
-        raise ValueError(f"normalizer must be > 0 (a global token or sequence count), got {normalizer}")
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
+    _check_common(
+        logprobs, old_logprobs, mask, normalizer=normalizer, aggregation=aggregation,
+        generation_logprobs=generation_logprobs, reference_logprobs=reference_logprobs,
+        clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta, kl_estimator=kl_estimator,
+        kl_gradient=kl_gradient, importance_correction=importance_correction,
+    )  # fmt: skip
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or None to disable it, got {dual_clip}")
-    if kl_beta < 0:
-        raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
-    if kl_beta > 0 and reference_logprobs is None:
-        raise ValueError("kl_beta > 0 needs reference_logprobs; pass them or set kl_beta=0")
-    if importance_correction is not None and generation_logprobs is None:
-        raise ValueError(
-            f"importance_correction={importance_correction!r} needs generation_logprobs "
-            "(the inference engine's logprobs); pass them or set importance_correction=None"
-        )
-    if importance_correction == "truncated" and importance_cap <= 0:
-        raise ValueError(f"importance_cap must be > 0, got {importance_cap}")
-    if logprobs.shape != mask.shape or old_logprobs.shape != mask.shape:
-        raise ValueError(
-            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
-            f"{tuple(mask.shape)} must all be [B, T]"
-        )
 
     valid = mask.to(torch.bool)
     zero = torch.zeros_like(logprobs)
@@ -247,39 +449,94 @@ def clipped_pg_loss(
         dual_active = ((adv < 0) & (per_token > cap)).to(logprobs.dtype)
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
 
-    if importance_correction is not None:
-        gen_z = torch.where(valid, generation_logprobs.detach().to(logprobs.dtype), zero)
-        weight = torch.exp(old_z - gen_z)
-        if importance_correction == "truncated":
-            weight = weight.clamp(max=importance_cap)
-        per_token = per_token * weight
-
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, valid, aggregation=aggregation, normalizer=normalizer)
-
-    def agg_metric(x: torch.Tensor) -> float:
-        if token_normalizer is not None:
-            return aggregate(x, valid, aggregation="token", normalizer=token_normalizer).item()
-        return agg(x).item()
-
-    pg_loss = agg(per_token)
-    loss = pg_loss
-    metrics: dict[str, float] = {"pg_loss": pg_loss.item()}
-    if reference_logprobs is not None:
-        ref_z = torch.where(valid, reference_logprobs.detach().to(logprobs.dtype), zero)
-        kl = agg(kl_estimate(logprobs_z, ref_z, kl_estimator))
-        if kl_beta > 0:
-            loss = loss + kl_beta * kl
-        metrics["kl"] = kl.item()
+    loss, metrics, agg_metric = _finish(
+        per_token, logprobs_z, old_z, valid, normalizer=normalizer, aggregation=aggregation,
+        token_normalizer=token_normalizer, generation_logprobs=generation_logprobs,
+        reference_logprobs=reference_logprobs, kl_beta=kl_beta, kl_estimator=kl_estimator,
+        kl_gradient=kl_gradient, kl_input_clamp=kl_input_clamp, kl_output_clamp=kl_output_clamp,
+        importance_correction=importance_correction, importance_cap=importance_cap,
+        importance_min=importance_min,
+    )  # fmt: skip
     metrics["clip_fraction"] = agg_metric(clip_active)
     metrics["ratio_mean"] = agg_metric(ratio.detach())
     if dual_clip is not None:
         metrics["dual_clip_fraction"] = agg_metric(dual_active)
-    if importance_correction is not None:
-        metrics["importance_weight_mean"] = agg_metric(weight)
+    return loss, metrics
+
+
+def cispo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    normalizer: float,
+    generation_logprobs: torch.Tensor | None = None,
+    reference_logprobs: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "token",
+    kl_beta: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+    kl_gradient: KLGradient = "exact",
+    kl_input_clamp: float | None = 20.0,
+    kl_output_clamp: float | None = 10.0,
+    importance_correction: ImportanceCorrection | None = None,
+    importance_cap: float = 2.0,
+    importance_min: float | None = None,
+    token_normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO: clipped IS-weight policy optimisation (MiniMax-M1, arXiv:2506.13585).
+
+    Instead of clipping the token update away (PPO), CISPO clips the importance-sampling weight
+    and keeps every token's gradient, REINFORCE-style:
+
+        r_bt    = exp(log π_bt - log π_old_bt)
+        ŵ_bt    = sg(clip(r_bt, 1 - clip_low, 1 + clip_high))
+        l_bt    = -A ŵ_bt exp(log π_bt - sg(log π_bt))
+
+    The value of l is -A ŵ (on the scale of PPO's surrogate -A r); its gradient is
+    -A ŵ ∇log π, the paper's objective sg(ŵ) A log π. MiniMax-M1 imposes no lower bound on the
+    weight (clip_low >= 1 gives 1 - clip_low <= 0: none) and tunes only clip_high. Engine
+    importance correction, the KL term and aggregation are as in ``clipped_pg_loss`` (the paper
+    uses token-level aggregation). Shapes and normalisation as in ``clipped_pg_loss``.
+
+    Metrics: pg_loss, kl (if reference given), clip_fraction (share of valid tokens whose
+    weight was clipped; their gradient is bounded, not cut), ratio_mean, and the importance
+    metrics of ``clipped_pg_loss``.
+    """
+    _check_common(
+        logprobs, old_logprobs, mask, normalizer=normalizer, aggregation=aggregation,
+        generation_logprobs=generation_logprobs, reference_logprobs=reference_logprobs,
+        clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta, kl_estimator=kl_estimator,
+        kl_gradient=kl_gradient, importance_correction=importance_correction,
+    )  # fmt: skip
+    valid = mask.to(torch.bool)
+    zero = torch.zeros_like(logprobs)
+    logprobs_z = torch.where(valid, logprobs, zero)
+    old_z = torch.where(valid, old_logprobs.detach().to(logprobs.dtype), zero)
+    adv = advantages.detach().to(logprobs.dtype)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+
+    ratio = torch.exp(logprobs_z - old_z).detach()
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = -adv * weight * torch.exp(logprobs_z - logprobs_z.detach())
+    clipped = (weight != ratio).to(logprobs.dtype)
+
+    loss, metrics, agg_metric = _finish(
+        per_token, logprobs_z, old_z, valid, normalizer=normalizer, aggregation=aggregation,
+        token_normalizer=token_normalizer, generation_logprobs=generation_logprobs,
+        reference_logprobs=reference_logprobs, kl_beta=kl_beta, kl_estimator=kl_estimator,
+        kl_gradient=kl_gradient, kl_input_clamp=kl_input_clamp, kl_output_clamp=kl_output_clamp,
+        importance_correction=importance_correction, importance_cap=importance_cap,
+        importance_min=importance_min,
+    )  # fmt: skip
+    metrics["clip_fraction"] = agg_metric(clipped)
+    metrics["ratio_mean"] = agg_metric(ratio)
     return loss, metrics
 
 
 POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {
     "clipped_pg": clipped_pg_loss,
+    "cispo": cispo_loss,
 }

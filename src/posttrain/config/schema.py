@@ -7,6 +7,7 @@ the closest valid key (see `posttrain.config.loader`).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -47,7 +48,14 @@ class PolicyConfig(Strict):
         description="A posttrain model alias (see `posttrain models list`), a local HF folder, or a hub id.",
     )
     tokenizer_name: str | None = Field(None, description="Defaults to model_name.")
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="The compute dtype of forward and backward passes. Parameters (master weights), "
+        "gradients and AdamW state stay fp32 either way: bfloat16 computes under torch.autocast (FSDP2: "
+        "its MixedPrecisionPolicy, gradients reduced in fp32). Generators (split HF workers, vLLM with "
+        "vllm.dtype=auto) hold the weights in this dtype; refits cast them. Checkpoints hold the fp32 "
+        "weights; `posttrain export` writes this dtype unless --dtype says otherwise.",
+    )
     max_seq_len: int = Field(512, gt=1)
     train_micro_batch_size: int = Field(4, gt=0, description="Sequences per forward/backward on one worker.")
     logprob_batch_size: int = Field(8, gt=0, description="Sequences per forward in `logprobs`.")
@@ -448,29 +456,169 @@ class EnvironmentConfig(Strict):
     )
 
 
-class LossConfig(Strict):
-    """The clipped policy-gradient loss (see posttrain.algorithms.policy_loss)."""
+class ConfigWarning(UserWarning):
+    """A configuration that runs but is probably not what was meant (a half-configured recipe)."""
 
+
+def config_warning(message: str) -> None:
+    warnings.warn(message, ConfigWarning, stacklevel=3)
+
+
+class LossConfig(Strict):
+    """The policy-gradient loss (see posttrain.algorithms.policy_loss and docs/algorithms.md)."""
+
+    policy_loss: Literal["clipped_pg", "cispo"] = Field(
+        "clipped_pg",
+        description="clipped_pg: PPO/GRPO's clipped surrogate (and its variants below); cispo: MiniMax-M1's "
+        "CISPO, the stop-gradient IS weight clipped to [1 - clip_low, 1 + clip_high] times log π "
+        "(no dual_clip, token ratio_level).",
+    )
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.2, ge=0, description="DAPO clip-higher: e.g. 0.28.")
     dual_clip: float | None = Field(None, gt=1)
-    ratio_level: Literal["token", "sequence"] = Field("token", description="sequence: GSPO.")
-    aggregation: Literal["token", "sequence", "seq_mean_token_sum"] = "token"
-    kl_beta: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    importance_correction: Literal["plain", "truncated"] | None = None
-    importance_cap: float = Field(2.0, gt=0)
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="sequence: GSPO (with aggregation=sequence and clips of 3e-4 / 4e-4)."
+    )
+    aggregation: Literal["token", "sequence", "seq_mean_token_sum"] = Field(
+        "token",
+        description="token: mean over the batch's tokens (DAPO); sequence: mean over sequences of their "
+        "token mean (GRPO paper); seq_mean_token_sum: token sums / (sequences × max_new_tokens) (Dr.GRPO).",
+    )
+    kl_beta: float = Field(0.0, ge=0, description="β of the KL(π || π_ref) penalty; 0: no reference model.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Schulman's per-token estimator of KL(π || π_ref) (value of the penalty)."
+    )
+    kl_gradient: Literal["exact", "plain"] = Field(
+        "exact",
+        description="exact: k1 and k3 get the score-function factor exp(log π - sg(log π)), so every "
+        "estimator's expected gradient is ∇KL(π || π_ref). plain: the estimate as a plain loss term "
+        "(DeepSeekMath's GRPO; with k3 its expected gradient is ∇KL(π_ref || π), with k1 zero).",
+    )
+    kl_input_clamp: float | None = Field(
+        20.0, gt=0, description="Clamp log(π_ref / π) to ±this before the estimator; null: off."
+    )
+    kl_output_clamp: float | None = Field(
+        10.0, gt=0, description="Clamp the per-token KL estimate to ±this; null: off."
+    )
+    kl_in_reward: bool = Field(
+        False,
+        description="Put β·KL into the reward instead of the loss (REINFORCE++, PPO-RLHF): each "
+        "sequence's reward loses β Σ_t KL_t before the advantages (reinforce_pp: per token, β times the "
+        "KL still to come). The loss then only reports the KL.",
+    )
+    importance_correction: Literal["plain", "truncated", "icepop", "seq_mask"] | None = Field(
+        None,
+        description="Weight the policy-gradient term by π_old / π_gen (inference-engine mismatch). "
+        "truncated: clamp to [importance_min, importance_cap]; icepop: tokens outside the bounds get 0; "
+        "seq_mask: sequences whose geometric-mean ratio is outside the bounds get 0.",
+    )
+    importance_cap: float = Field(2.0, gt=0, description="Upper bound of the importance ratio.")
+    importance_min: float | None = Field(
+        None, ge=0, description="Lower bound of the importance ratio; null: 0 (no lower bound)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LossConfig:
+        if self.importance_min is not None and self.importance_min >= self.importance_cap:
+            raise ValueError(
+                f"loss.importance_min ({self.importance_min}) must be below loss.importance_cap "
+                f"({self.importance_cap})"
+            )
+        if self.policy_loss == "cispo" and (self.dual_clip is not None or self.ratio_level != "token"):
+            raise ValueError(
+                "loss.policy_loss=cispo clips the importance weight itself: it takes no loss.dual_clip "
+                "and only loss.ratio_level=token"
+            )
+        if (
+            self.kl_beta > 0
+            and not self.kl_in_reward
+            and self.kl_gradient == "plain"
+            and self.kl_estimator == "k1"
+        ):
+            raise ValueError(
+                "loss.kl_estimator=k1 with loss.kl_gradient=plain has zero expected gradient: the KL "
+                "penalty would do nothing. Use kl_gradient=exact"
+            )
+        if self.ratio_level == "sequence" and max(self.clip_low, self.clip_high) > 0.01:
+            config_warning(
+                f"loss.ratio_level=sequence (GSPO) with clip_low={self.clip_low}, clip_high={self.clip_high}: "
+                "a sequence ratio is a geometric mean of token ratios and stays close to 1, so token-level "
+                "clips (0.2) almost never clip. GSPO uses clip_low=3e-4, clip_high=4e-4"
+            )
+        if self.ratio_level == "sequence" and self.aggregation != "sequence":
+            config_warning(
+                f"loss.ratio_level=sequence (GSPO) with aggregation={self.aggregation}: GSPO's objective "
+                "averages over sequences; set loss.aggregation=sequence"
+            )
+        if self.kl_in_reward and self.kl_beta == 0:
+            config_warning("loss.kl_in_reward=true with loss.kl_beta=0 penalises nothing; set kl_beta > 0")
+        if self.importance_min is not None and self.importance_correction in (None, "plain"):
+            config_warning(
+                f"loss.importance_min is set but loss.importance_correction={self.importance_correction}: "
+                "the bound is unused (use truncated, icepop or seq_mask)"
+            )
+        return self
+
+
+class RewardScalingConfig(Strict):
+    """NeMo RL's reward scaling: clamp the reward to [source_min, source_max], map it linearly onto
+    [target_min, target_max]."""
+
+    enabled: bool = False
+    source_min: float = 0.0
+    source_max: float = 1.0
+    target_min: float = 0.0
+    target_max: float = 1.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RewardScalingConfig:
+        if self.source_max <= self.source_min:
+            raise ValueError(
+                f"advantage.reward_scaling: source_min ({self.source_min}) must be below "
+                f"source_max ({self.source_max})"
+            )
+        return self
 
 
 class AdvantageConfig(Strict):
+    """Advantages from rewards (see posttrain.algorithms.advantages and docs/algorithms.md)."""
+
     estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
-    normalize_std: bool = True
-    leave_one_out: bool = False
+    normalize_std: bool = Field(True, description="grpo: divide by the group's reward std.")
+    leave_one_out: bool = Field(
+        False, description="grpo: baseline = mean of the OTHER samples of the group (RLOO's baseline)."
+    )
+    leave_one_out_std: bool = Field(
+        False,
+        description="grpo with leave_one_out: divide by the std of the other samples too (NeMo RL's "
+        "default); where it is 0 the advantage stays r - baseline.",
+    )
+    clip: float | None = Field(None, gt=0, description="Clamp advantages to [-clip, clip]; null: off.")
+    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AdvantageConfig:
+        if self.leave_one_out_std and not self.leave_one_out:
+            raise ValueError("advantage.leave_one_out_std needs advantage.leave_one_out=true")
+        if self.estimator != "grpo" and (
+            self.leave_one_out or self.leave_one_out_std or not self.normalize_std
+        ):
+            config_warning(
+                f"advantage.normalize_std / leave_one_out / leave_one_out_std apply to estimator=grpo only; "
+                f"estimator={self.estimator} ignores them"
+            )
+        return self
 
 
 class DAPOConfig(Strict):
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and refill.")
-    max_generation_rounds: int = Field(4, gt=0)
+    max_generation_rounds: int = Field(
+        4,
+        gt=0,
+        description="Dynamic sampling: generation rounds per step at most. If the batch is still short, "
+        "the step trains on the groups kept (dapo/short_batch = 1), or skips its update if none "
+        "(dapo/skipped_update = 1).",
+    )
     overlong_filter: bool = Field(False, description="Exclude truncated samples from the loss.")
     overlong_buffer: int | None = Field(
         None, gt=0, description="Soft overlong penalty over the last N tokens."
@@ -517,6 +665,27 @@ class GRPOConfig(Strict):
     def _refit_transport_fits_cluster(self) -> GRPOConfig:
         if self.generation.placement == "split":
             self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
+        return self
+
+    @model_validator(mode="after")
+    def _algorithm_combinations(self) -> GRPOConfig:
+        """Warn about half-configured recipes whose sections disagree (see docs/algorithms.md)."""
+        estimator, aggregation = self.advantage.estimator, self.loss.aggregation
+        if estimator == "dr_grpo" and aggregation != "seq_mean_token_sum":
+            config_warning(
+                f"advantage.estimator=dr_grpo with loss.aggregation={aggregation}: Dr.GRPO removes both the "
+                "std and the per-sequence length normalisation; set loss.aggregation=seq_mean_token_sum"
+            )
+        if (
+            self.loss.importance_correction is not None
+            and self.generation.backend == "hf"
+            and (self.generation.placement == "colocated")
+        ):
+            config_warning(
+                f"loss.importance_correction={self.loss.importance_correction} corrects for an inference "
+                "engine that differs from the trainer, but generation.backend=hf colocated samples with the "
+                "trainer's own model and weights (ratio 1 up to rounding): it has no effect here"
+            )
         return self
 
     @model_validator(mode="after")

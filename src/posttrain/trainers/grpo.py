@@ -17,20 +17,27 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from posttrain.algorithms.advantages import compute_advantages
+from posttrain.algorithms.advantages import (
+    clip_advantages,
+    compute_advantages,
+    kl_penalized_rewards,
+    reinforce_pp_advantages,
+    scale_rewards,
+)
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
 from posttrain.algorithms.metrics import pass_at_k
-from posttrain.algorithms.policy_loss import clipped_pg_loss
+from posttrain.algorithms.policy_loss import POLICY_LOSSES, kl_estimate
 from posttrain.checkpoint import Deadline, resolve_resume
-from posttrain.config.schema import GRPOConfig
+from posttrain.config.schema import AdvantageConfig, DatasetConfig, GRPOConfig, LossConfig
 from posttrain.data.batching import EpochSampler
-from posttrain.data.math import Problem, build_math_problems
+from posttrain.data.tasks import Task
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import check_refit
 from posttrain.environments.group import EnvironmentGroup
@@ -39,7 +46,17 @@ from posttrain.logging.plots import plot_run
 from posttrain.models.actor import refit_cast_dtype
 from posttrain.models.generation import SamplingParams
 from posttrain.models.tokenizer import load_tokenizer
-from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, run_rollouts
+from posttrain.rollout.rollout import (
+    RLBatch,
+    Rollouts,
+    Trajectory,
+    build_rl_batch,
+    prompt_ids_of,
+    run_rollouts,
+    start_episodes,
+    transcript,
+)
+from posttrain.rollout.tasks import load_tasks
 from posttrain.trainers.common import (
     latest_values,
     load_controller_state,
@@ -65,11 +82,23 @@ PLOTS = [
 
 
 def grpo_loss(
-    logprobs: torch.Tensor, batch: RLBatch, normalizer: float, *, token_normalizer: float, **knobs: Any
+    logprobs: torch.Tensor,
+    batch: RLBatch,
+    normalizer: float,
+    *,
+    token_normalizer: float,
+    policy_loss: str = "clipped_pg",
+    **knobs: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped policy-gradient loss plus generation-vs-training diagnostics (shares of global means)."""
+    """The policy loss (``POLICY_LOSSES[policy_loss]``) plus generation-vs-training diagnostics.
+
+    Metrics are this microbatch's shares of global means. token_mult_prob_error and gen_kl
+    compare the generator with π_old, the policy that the batch was sampled for (``old_logprobs``
+    when the batch gets several updates, else the current policy, which then is π_old): they
+    measure the engine mismatch, not how far the policy has moved since (NeMo RL's definition).
+    """
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-    loss, metrics = clipped_pg_loss(
+    loss, metrics = POLICY_LOSSES[policy_loss](
         logprobs,
         old,
         batch.advantages,
@@ -80,13 +109,124 @@ def grpo_loss(
         token_normalizer=token_normalizer,
         **knobs,
     )
-    mask = batch.loss_mask
-    delta = (batch.generation_logprobs - logprobs.detach()) * mask
-    metrics["token_mult_prob_error"] = float((torch.exp(delta.abs()) * mask).sum() / token_normalizer)
-    # k3 estimate of KL(π_gen || π_train) on tokens sampled from π_gen: r = π_train / π_gen
+    mask = batch.loss_mask.to(torch.bool)
+    zero = torch.zeros_like(logprobs.detach())
+    delta = torch.where(mask, batch.generation_logprobs.to(zero.dtype) - old.detach().to(zero.dtype), zero)
+    metrics["token_mult_prob_error"] = float(
+        torch.where(mask, torch.exp(delta.abs()), zero).sum() / token_normalizer
+    )
+    # k3 estimate of KL(π_gen || π_old) on tokens sampled from π_gen: r = π_old / π_gen
     log_r = -delta
-    metrics["gen_kl"] = float(((torch.exp(log_r) - 1 - log_r) * mask).sum() / token_normalizer)
+    metrics["gen_kl"] = float((torch.exp(log_r) - 1 - log_r).sum() / token_normalizer)
     return loss, metrics
+
+
+TRAINER_ONLY_LOSS_FIELDS = frozenset({"kl_in_reward"})
+"""LossConfig fields the trainer acts on; they are not arguments of the pure loss functions."""
+
+
+def loss_knobs(loss: LossConfig) -> dict[str, Any]:
+    """Keyword arguments of ``grpo_loss`` from the loss config: ``policy_loss`` picks the function,
+    the others are its hyper-parameters. With ``kl_in_reward`` the KL is in the advantages and the
+    loss gets kl_beta = 0 (it still reports the KL, the reference logprobs being in the batch)."""
+    knobs = loss.model_dump(exclude=set(TRAINER_ONLY_LOSS_FIELDS))
+    if loss.kl_in_reward:
+        knobs["kl_beta"] = 0.0
+    if loss.policy_loss == "cispo":  # the config rejects non-defaults for these
+        knobs.pop("dual_clip"), knobs.pop("ratio_level")
+    return knobs
+
+
+def rl_advantages(
+    adv: AdvantageConfig,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    kl: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> torch.Tensor:
+    """Advantages for the configured estimator, [N] (or [N, T] for reinforce_pp with a KL reward).
+
+    ``kl`` ([N, T] per-token KL(π || π_ref) estimates, no gradient) puts the KL into the reward:
+    group estimators see r_i - β Σ_t KL_it (``kl_penalized_rewards``); reinforce_pp gets it per
+    token, r_i - β Σ_{s>=t} KL_is (``reinforce_pp_advantages``), as REINFORCE++ does.
+    Then ``advantage.clip``.
+    """
+    if adv.estimator == "reinforce_pp":
+        advantages = reinforce_pp_advantages(rewards, group_ids, kl=kl, mask=mask, kl_beta=kl_beta)
+    else:
+        if kl is not None:
+            rewards = kl_penalized_rewards(rewards, kl, mask, kl_beta=kl_beta)
+        kwargs = (
+            {
+                "normalize_std": adv.normalize_std,
+                "leave_one_out": adv.leave_one_out,
+                "leave_one_out_std": adv.leave_one_out_std,
+            }
+            if adv.estimator == "grpo"
+            else {}
+        )
+        advantages = compute_advantages(adv.estimator, rewards, group_ids, **kwargs)
+    return clip_advantages(advantages, adv.clip)
+
+
+def collect_groups(
+    draw: Callable[[int], Rollouts],
+    *,
+    groups: int,
+    group_size: int,
+    dynamic_sampling: bool,
+    max_rounds: int,
+    unit: int = 1,
+) -> tuple[Rollouts, dict[str, float]]:
+    """The trajectories of one step; with dynamic sampling (DAPO), only groups whose rewards differ.
+
+    ``draw(round)`` generates and scores one round (``groups`` prompts × ``group_size``, round
+    1, 2, ...). Without dynamic sampling that one round is the batch. With it, groups with all-equal
+    rewards are dropped and rounds are drawn until ``groups`` groups are kept, at most
+    ``max_rounds``. If the batch is still short then, it trains on the groups kept (whole groups,
+    as many as give a multiple of ``unit`` sequences: the batch must split evenly over
+    updates × data-parallel workers): ``dapo/short_batch`` = 1. If none can be kept, the
+    trajectories are empty and the caller skips the update: ``dapo/skipped_update`` = 1.
+
+    Returns (Rollouts, stats) with stats dapo/generation_rounds, reward/zero_variance_fraction and,
+    with dynamic sampling, dapo/kept_groups, dapo/short_batch, dapo/skipped_update.
+    """
+    kept: list[Trajectory] = []
+    env_metrics: dict[str, float] = {}
+    zero_fraction: list[float] = []
+    target = groups * group_size
+    rounds = 0
+    while True:
+        rounds += 1
+        batch = draw(rounds)
+        env_metrics = env_metrics or batch.env_metrics
+        zero = zero_variance_groups(batch.rewards, batch.group_ids)
+        zero_fraction.append(float(zero.float().mean()))
+        if not dynamic_sampling:
+            kept = batch.trajectories
+            break
+        kept += [t for t, z in zip(batch.trajectories, zero.tolist(), strict=True) if not z]
+        if len(kept) >= target or rounds >= max_rounds:
+            break
+    stats = {
+        "dapo/generation_rounds": float(rounds),
+        "reward/zero_variance_fraction": sum(zero_fraction) / rounds,
+    }
+    if dynamic_sampling:
+        short = len(kept) < target
+        if short:  # whole groups (kept holds whole groups, in order), a multiple of `unit` sequences
+            kept_groups = len(kept) // group_size
+            while kept_groups > 0 and (kept_groups * group_size) % unit:
+                kept_groups -= 1
+            kept = kept[: kept_groups * group_size]
+        else:
+            kept = kept[:target]
+        stats["dapo/kept_groups"] = float(len(kept) // group_size)
+        stats["dapo/short_batch"] = float(short)
+        stats["dapo/skipped_update"] = float(not kept)
+    return Rollouts(kept, env_metrics), stats
 
 
 @dataclass
@@ -116,15 +256,8 @@ class GRPOTrainer:
                 f"policy.max_seq_len ({cfg.policy.max_seq_len}) must exceed generation.max_new_tokens "
                 f"({cfg.generation.max_new_tokens}) to leave room for the prompt"
             )
-        build = functools.partial(
-            build_math_problems,
-            tokenizer=self.tokenizer,
-            prompt_template=cfg.data.prompt_template,
-            system_prompt=cfg.data.system_prompt,
-            max_prompt_len=max_prompt,
-        )
-        self.train_problems = build(cfg.data.train)
-        self.val_problems = build(cfg.data.validation) if cfg.data.validation else []
+        self.train_problems = self.build_tasks(cfg.data.train, max_prompt)
+        self.val_problems = self.build_tasks(cfg.data.validation, max_prompt) if cfg.data.validation else []
         self.sampler = EpochSampler(len(self.train_problems), cfg.grpo.prompts_per_step, seed=cfg.grpo.seed)
         self.total_steps = cfg.grpo.max_steps
         self.next_group_id = 0
@@ -165,9 +298,28 @@ class GRPOTrainer:
             num_workers=cfg.environment.num_workers,
             backend=cfg.cluster.backend,
         )
-        self.loss_fn_knobs = cfg.loss.model_dump()
+        self.loss_fn_knobs = loss_knobs(cfg.loss)
         self.timer = Timer()
-        self.probe_prompts = [p.prompt_ids for p in self.train_problems[: cfg.generation.refit_check.prompts]]
+        # continuous multi-turn episodes need posttrain's HF sampler on whole (unsharded) models
+        self.turn_barrier = (
+            cfg.environment.turn_barrier
+            or cfg.generation.backend == "vllm"
+            or (cfg.policy.fsdp and not self.split)
+        )
+        probe_tasks = self.train_problems[: cfg.generation.refit_check.prompts]
+        starts = start_episodes(self.environment, probe_tasks, list(range(len(probe_tasks))))
+        self.probe_prompts = [prompt_ids_of(self.tokenizer, s) for s in starts]
+
+    def build_tasks(self, split: DatasetConfig, max_prompt_len: int) -> list[Task]:
+        """A split's tasks (rows, or the environment's own), prompts over `max_prompt_len` dropped."""
+        return load_tasks(
+            split,
+            self.cfg.environment,
+            prompt_template=self.cfg.data.prompt_template,
+            system_prompt=self.cfg.data.system_prompt,
+            tokenizer=self.tokenizer,
+            max_prompt_len=max_prompt_len,
+        )
 
     # ---------------------------------------------------------------- phases
     def sampling_params(self, *, validation: bool, seed: int) -> SamplingParams:
@@ -183,7 +335,7 @@ class GRPOTrainer:
         )
 
     def rollouts(
-        self, problems: list[Problem], generations: int, params: SamplingParams, timer: Timer | None = None
+        self, problems: list[Task], generations: int, params: SamplingParams, timer: Timer | None = None
     ) -> Rollouts:
         out = run_rollouts(
             problems,
@@ -195,8 +347,10 @@ class GRPOTrainer:
             batch_size=self.cfg.generation.batch_size,
             max_turns=self.cfg.environment.max_turns,
             max_seq_len=self.cfg.policy.max_seq_len,
+            max_observation_tokens=self.cfg.environment.max_observation_tokens,
             first_group_id=self.next_group_id,
             timer=timer or self.timer,
+            turn_barrier=self.turn_barrier,
         )
         self.next_group_id += len(problems)
         if self.cfg.generation.vllm.sleep and not self.split:
@@ -204,88 +358,117 @@ class GRPOTrainer:
         return out
 
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
-        """Rollouts for one step; with dynamic sampling, only groups whose rewards differ, refilled."""
+        """Rollouts for one step; with dynamic sampling, only groups whose rewards differ, refilled
+        (see ``collect_groups``: a batch still short after max_generation_rounds trains on what was
+        kept; empty trajectories mean: skip this step's update)."""
         g, dapo = self.cfg.grpo, self.cfg.dapo
-        kept, env_metrics, rounds, zero_fraction = [], {}, 0, []
-        while True:
-            rounds += 1
+
+        def draw(round_: int) -> Rollouts:
             problems = [self.train_problems[i] for i in self.sampler.next_batch()]
-            seed = g.seed * 1_000_003 + step * 101 + rounds
-            batch = self.rollouts(
+            seed = g.seed * 1_000_003 + step * 101 + round_
+            return self.rollouts(
                 problems, g.generations_per_prompt, self.sampling_params(validation=False, seed=seed)
             )
-            env_metrics = env_metrics or batch.env_metrics
-            zero = zero_variance_groups(batch.rewards, batch.group_ids)
-            zero_fraction.append(float(zero.float().mean()))
-            if not dapo.dynamic_sampling:
-                kept = batch.trajectories
-                break
-            kept += [t for t, z in zip(batch.trajectories, zero.tolist(), strict=True) if not z]
-            if len(kept) >= g.prompts_per_step * g.generations_per_prompt:
-                kept = kept[: g.prompts_per_step * g.generations_per_prompt]
-                break
-            if rounds >= dapo.max_generation_rounds:
-                raise RuntimeError(
-                    f"dynamic sampling: after {rounds} generation rounds only {len(kept) // g.generations_per_prompt} "
-                    f"of {g.prompts_per_step} groups had rewards that differ; raise dapo.max_generation_rounds, "
-                    "make the task easier or harder, or set dapo.dynamic_sampling=false"
-                )
-        stats = {
-            "dapo/generation_rounds": rounds,
-            "reward/zero_variance_fraction": sum(zero_fraction) / rounds,
-        }
-        return Rollouts(kept, env_metrics), stats
 
-    def make_batch(self, rollouts: Rollouts) -> tuple[RLBatch, dict[str, float]]:
+        workers = self.cfg.cluster.policy_workers()
+        return collect_groups(
+            draw,
+            groups=g.prompts_per_step,
+            group_size=g.generations_per_prompt,
+            dynamic_sampling=dapo.dynamic_sampling,
+            max_rounds=dapo.max_generation_rounds,
+            unit=g.updates_per_batch * workers if workers > 1 else 1,
+        )
+
+    def rewards(self, rollouts: Rollouts) -> torch.Tensor:
+        """Task rewards, scaled (advantage.reward_scaling), plus DAPO's soft overlong penalty."""
         cfg = self.cfg
         rewards = rollouts.rewards
-        lengths = rollouts.response_lengths
+        scaling = cfg.advantage.reward_scaling
+        if scaling.enabled:
+            rewards = scale_rewards(
+                rewards,
+                source_min=scaling.source_min,
+                source_max=scaling.source_max,
+                target_min=scaling.target_min,
+                target_max=scaling.target_max,
+            )
         if cfg.dapo.overlong_buffer:
             rewards = rewards + overlong_reward_shaping(
-                lengths,
+                rollouts.response_lengths,
                 max_len=cfg.generation.max_new_tokens,
                 buffer_len=cfg.dapo.overlong_buffer,
                 penalty=cfg.dapo.overlong_penalty,
             )
-        a = cfg.advantage
-        kwargs = (
-            {"normalize_std": a.normalize_std, "leave_one_out": a.leave_one_out}
-            if a.estimator == "grpo"
-            else {}
+        return rewards
+
+    def make_batch(self, rollouts: Rollouts) -> tuple[RLBatch, dict[str, float]]:
+        cfg, loss = self.cfg, self.cfg.loss
+        rewards = self.rewards(rollouts)
+        lengths = rollouts.response_lengths
+        batch = build_rl_batch(rollouts.trajectories, torch.zeros(len(rewards)), self.tokenizer.pad_token_id)
+        metrics: dict[str, float] = {}
+        kl = None
+        if loss.kl_in_reward and loss.kl_beta > 0:
+            # the KL reward needs π_ref (and π_old) before the advantages; π_old is the trainer's
+            # when the batch gets several updates, else the sampler's (the same distribution)
+            self.add_logprobs(batch)
+            policy_lp = batch.old_logprobs if batch.old_logprobs is not None else batch.generation_logprobs
+            kl = kl_estimate(
+                policy_lp.double(),
+                batch.reference_logprobs.double(),
+                loss.kl_estimator,
+                input_clamp=loss.kl_input_clamp,
+                output_clamp=loss.kl_output_clamp,
+            )
+            kl = torch.where(batch.loss_mask.bool(), kl, torch.zeros_like(kl))
+            metrics["reward/kl_penalty"] = float(loss.kl_beta * kl.sum(-1).mean())
+        batch.advantages = rl_advantages(
+            cfg.advantage, rewards, rollouts.group_ids, kl=kl, mask=batch.loss_mask, kl_beta=loss.kl_beta
         )
-        advantages = compute_advantages(a.estimator, rewards, rollouts.group_ids, **kwargs)
-        batch = build_rl_batch(rollouts.trajectories, advantages, self.tokenizer.pad_token_id)
         if cfg.dapo.overlong_filter:
             batch.loss_mask = batch.loss_mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
         mask = batch.loss_mask
-        metrics = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            "response_length": float(lengths.mean()),
-            "truncation_rate": float(rollouts.truncated.float().mean()),
-            "entropy": float(-(batch.generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
-        }
+        metrics.update(
+            {
+                "reward/mean": float(rewards.mean()),
+                "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+                "response_length": float(lengths.mean()),
+                "truncation_rate": float(rollouts.truncated.float().mean()),
+                "entropy": float(-(batch.generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
+            }
+        )
         return batch, metrics
 
     def normalizers(self, batch: RLBatch) -> tuple[float, float]:
-        """(loss normaliser for the configured aggregation, global count of valid tokens)."""
+        """(loss normaliser for the configured aggregation, global count of valid tokens).
+
+        Sequence counts include only sequences with at least one valid token: a sample the
+        overlong filter (or an unscored episode) took out of the loss does not dilute the mean.
+        """
         tokens = max(1.0, float(batch.loss_mask.sum()))
         aggregation = self.cfg.loss.aggregation
         if aggregation == "token":
             return tokens, tokens
+        sequences = max(1.0, float((batch.loss_mask.sum(-1) > 0).sum()))
         if aggregation == "sequence":
-            return float(len(batch)), tokens
-        return float(len(batch) * self.cfg.generation.max_new_tokens), tokens
+            return sequences, tokens
+        return sequences * self.cfg.generation.max_new_tokens, tokens
+
+    def add_logprobs(self, batch: RLBatch) -> None:
+        """π_ref's logprobs (KL penalty) and π_old's (several updates per batch), unless present."""
+        cfg = self.cfg
+        if cfg.loss.kl_beta > 0 and batch.reference_logprobs is None:
+            with self.timer("reference_logprobs"):
+                batch.reference_logprobs = self.policy.reference_logprobs(batch)
+        if cfg.grpo.updates_per_batch > 1 and batch.old_logprobs is None:
+            with self.timer("old_logprobs"):
+                batch.old_logprobs = self.policy.logprobs(batch)
 
     def train_on(self, batch: RLBatch) -> dict[str, float]:
         """`updates_per_batch` optimizer steps over contiguous minibatches of the rollout batch."""
         cfg = self.cfg
-        if cfg.loss.kl_beta > 0:
-            with self.timer("reference_logprobs"):
-                batch.reference_logprobs = self.policy.reference_logprobs(batch)
-        if cfg.grpo.updates_per_batch > 1:
-            with self.timer("old_logprobs"):
-                batch.old_logprobs = self.policy.logprobs(batch)
+        self.add_logprobs(batch)
         metrics: dict[str, float] = {}
         minibatches = batch.chunks(cfg.grpo.updates_per_batch)
         with self.timer("training"):
@@ -346,15 +529,7 @@ class GRPOTrainer:
         """A few trajectories per step in samples.jsonl, to read what the model writes."""
         with open(self.run_dir / "samples.jsonl", "a") as f:
             for t in rollouts.trajectories[:count]:
-                row = {
-                    "step": step,
-                    "prompt": t.messages[-2]["content"],
-                    "completion": t.messages[-1]["content"],
-                    "answer": t.metadata.get("answer"),
-                    "reward": t.reward,
-                    "truncated": t.truncated,
-                }
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps({"step": step, **transcript(t)}, default=str) + "\n")
 
     # ---------------------------------------------------------------- state
     def save(self, step: int, history: list[dict[str, float]]) -> Path:
@@ -425,8 +600,17 @@ class GRPOTrainer:
                         break
                     start = time.perf_counter()
                     rollouts, collect_stats = self.collect(step)
-                    batch, batch_metrics = self.make_batch(rollouts)
-                    train_metrics = self.train_on(batch)
+                    batch_metrics, train_metrics = {}, {}
+                    if collect_stats.get("dapo/short_batch"):
+                        kept = int(collect_stats["dapo/kept_groups"])
+                        logger.info(
+                            f"step {step + 1}: dynamic sampling kept {kept} of {cfg.grpo.prompts_per_step} groups "
+                            f"after dapo.max_generation_rounds={cfg.dapo.max_generation_rounds}; "
+                            + ("training on those" if kept else "no update this step")
+                        )
+                    if rollouts.trajectories:
+                        batch, batch_metrics = self.make_batch(rollouts)
+                        train_metrics = self.train_on(batch)
                     step, done_here = step + 1, done_here + 1
                     metrics = {**rollouts.env_metrics, **collect_stats, **batch_metrics, **train_metrics}
                     metrics.update(self.timer.pop())

@@ -1,0 +1,177 @@
+"""The GRPO trainer's algorithm glue as pure functions: dynamic sampling's group selection, the
+loss normalisers, the loss knobs, the engine-mismatch metrics and the KL-in-reward advantages."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from posttrain.config.schema import AdvantageConfig, GRPOConfig, LossConfig
+from posttrain.rollout.rollout import RLBatch, Rollouts, Trajectory
+from posttrain.trainers.grpo import GRPOTrainer, collect_groups, grpo_loss, loss_knobs, rl_advantages
+
+
+def _rollouts(rewards_per_group: list[list[float]], first_group: int = 0) -> Rollouts:
+    trajectories = [
+        Trajectory([1, 2], [0, 1], [0.0, -1.0], [], {}, group_id=first_group + g, reward=r)
+        for g, rewards in enumerate(rewards_per_group)
+        for r in rewards
+    ]
+    return Rollouts(trajectories, {"env/accuracy": 0.5})
+
+
+def _draws(*rounds: list[list[float]]):
+    calls = []
+
+    def draw(round_: int) -> Rollouts:
+        calls.append(round_)
+        return _rollouts(rounds[round_ - 1], first_group=10 * round_)
+
+    return draw, calls
+
+
+def _groups(rollouts: Rollouts) -> list[int]:
+    return sorted({t.group_id for t in rollouts.trajectories})
+
+
+def test_collect_without_dynamic_sampling_takes_one_round():
+    draw, calls = _draws([[1, 1], [0, 1]])
+    out, stats = collect_groups(draw, groups=2, group_size=2, dynamic_sampling=False, max_rounds=4)
+    assert calls == [1] and len(out.trajectories) == 4
+    assert stats == {"dapo/generation_rounds": 1.0, "reward/zero_variance_fraction": 0.5}
+
+
+def test_dynamic_sampling_refills_and_truncates_to_whole_groups():
+    # round 1 keeps group 11 (group 10 has equal rewards), round 2 keeps 20 and 22: 3 >= 2 groups,
+    # truncated to the first two kept
+    draw, calls = _draws([[0.1, 0.1], [0, 1]], [[1, 0], [1, 1], [0, 0.5]])
+    out, stats = collect_groups(draw, groups=2, group_size=2, dynamic_sampling=True, max_rounds=4)
+    assert calls == [1, 2]
+    assert _groups(out) == [11, 20]
+    assert stats["dapo/kept_groups"] == 2 and stats["dapo/short_batch"] == 0
+    assert stats["dapo/skipped_update"] == 0 and stats["dapo/generation_rounds"] == 2
+    assert stats["reward/zero_variance_fraction"] == pytest.approx((0.5 + 1 / 3) / 2)
+    assert out.env_metrics == {"env/accuracy": 0.5}
+
+
+def test_dynamic_sampling_short_batch_trains_on_what_was_kept():
+    # 4 groups wanted; after max_rounds = 2 only 3 have rewards that differ: no exception, a short
+    # batch of those 3 groups, flagged
+    draw, calls = _draws([[0, 1], [1, 1], [0, 0]], [[1, 0], [0, 0], [0.2, 0.1]])
+    out, stats = collect_groups(draw, groups=4, group_size=2, dynamic_sampling=True, max_rounds=2)
+    assert calls == [1, 2]
+    assert _groups(out) == [10, 20, 22] and len(out.trajectories) == 6
+    assert stats["dapo/kept_groups"] == 3 and stats["dapo/short_batch"] == 1
+    assert stats["dapo/skipped_update"] == 0
+    # the batch must split over updates x workers = 4 sequences: whole groups, 2 of the 3
+    draw, _ = _draws([[0, 1], [1, 1], [0, 0]], [[1, 0], [0, 0], [0.2, 0.1]])
+    out, stats = collect_groups(draw, groups=4, group_size=2, dynamic_sampling=True, max_rounds=2, unit=4)
+    assert _groups(out) == [10, 20] and stats["dapo/kept_groups"] == 2
+
+
+def test_dynamic_sampling_with_nothing_kept_skips_the_update():
+    draw, calls = _draws([[1, 1], [0, 0]], [[0.1, 0.1], [0.7, 0.7]], [[1, 1], [1, 1]])
+    out, stats = collect_groups(draw, groups=2, group_size=2, dynamic_sampling=True, max_rounds=3)
+    assert calls == [1, 2, 3] and out.trajectories == []
+    assert stats["dapo/kept_groups"] == 0 and stats["dapo/short_batch"] == 1
+    assert stats["dapo/skipped_update"] == 1 and stats["reward/zero_variance_fraction"] == 1.0
+    # one kept group that cannot split over 4 sequences: nothing left to train on either
+    draw, _ = _draws([[1, 0], [0, 0]])
+    out, stats = collect_groups(draw, groups=2, group_size=2, dynamic_sampling=True, max_rounds=1, unit=4)
+    assert out.trajectories == [] and stats["dapo/skipped_update"] == 1
+
+
+# --- normalisers --------------------------------------------------------------------------------
+
+
+def _batch(loss_mask: list[list[float]], **extra) -> RLBatch:
+    mask = torch.tensor(loss_mask)
+    return RLBatch(
+        torch.ones_like(mask, dtype=torch.long), torch.ones_like(mask, dtype=torch.long), mask, **extra
+    )
+
+
+@pytest.mark.parametrize(
+    "aggregation, expected",
+    [("token", (4.0, 4.0)), ("sequence", (2.0, 4.0)), ("seq_mean_token_sum", (2.0 * 12, 4.0))],
+)
+def test_normalizers_count_only_sequences_in_the_loss(aggregation, expected):
+    # 3 sequences; the 2nd was taken out by the overlong filter (all-zero loss mask): the sequence
+    # count is 2, not 3 (a filtered sample must not dilute the per-sequence mean)
+    from conftest import grpo_test_config
+
+    cfg = grpo_test_config("m", "r", **{"loss.aggregation": aggregation, "dapo.overlong_filter": True})
+    batch = _batch([[0, 1, 1, 0], [0, 0, 0, 0], [0, 1, 1, 0]])
+    assert GRPOTrainer.normalizers(SimpleNamespace(cfg=cfg), batch) == expected
+
+
+# --- loss knobs and the engine-mismatch metrics ---------------------------------------------------
+
+
+def test_loss_knobs_leave_trainer_fields_out():
+    knobs = loss_knobs(LossConfig(kl_beta=0.1, kl_in_reward=True))
+    assert "kl_in_reward" not in knobs and knobs["kl_beta"] == 0.0
+    assert loss_knobs(LossConfig(kl_beta=0.1))["kl_beta"] == 0.1
+    cispo = loss_knobs(LossConfig(policy_loss="cispo", clip_low=1.0, clip_high=0.28))
+    assert "dual_clip" not in cispo and "ratio_level" not in cispo
+    assert loss_knobs(GRPOConfig().loss) == {**GRPOConfig().loss.model_dump(exclude={"kl_in_reward"})}
+
+
+@pytest.mark.parametrize("policy_loss", ["clipped_pg", "cispo"])
+def test_grpo_loss_takes_every_knob(policy_loss):
+    cfg = LossConfig(policy_loss=policy_loss, kl_beta=0.1, importance_correction="icepop", importance_min=0.5)
+    batch = _batch([[0, 1, 1]], advantages=torch.tensor([1.0]))
+    batch.generation_logprobs = torch.tensor([[0.0, -1.0, -2.0]])
+    batch.reference_logprobs = torch.tensor([[0.0, -1.5, -1.0]])
+    lp = torch.tensor([[0.0, -1.1, -1.9]], requires_grad=True)
+    loss, metrics = grpo_loss(lp, batch, 2.0, token_normalizer=2.0, **loss_knobs(cfg))
+    loss.backward()
+    assert {"pg_loss", "kl", "is_oob_ratio", "token_mult_prob_error", "gen_kl"} <= metrics.keys()
+
+
+def test_engine_mismatch_metrics_use_pi_old_not_the_drifted_policy():
+    # a later minibatch: the policy has moved since the batch was sampled. The metrics compare
+    # the engine (π_gen) with π_old, so they must not see the drift:
+    #   log π_gen = [-1, -2], log π_old = [-1.1, -1.8]: |Δ| = [0.1, 0.2]
+    #   token_mult_prob_error = (e^0.1 + e^0.2) / 2; gen_kl = mean(e^-Δ - 1 + Δ) with Δ = gen - old
+    gen = torch.tensor([[0.0, -1.0, -2.0]])
+    old = torch.tensor([[0.0, -1.1, -1.8]])
+    batch = _batch([[0, 1, 1]], advantages=torch.tensor([1.0]), generation_logprobs=gen, old_logprobs=old)
+    delta = torch.tensor([0.1, -0.2])
+    error = float(torch.exp(delta.abs()).mean())
+    gen_kl = float((torch.exp(-delta) - 1 + delta).mean())
+    for drift in (0.0, 0.5, -3.0):
+        lp = (old + drift * torch.tensor([[0.0, 1.0, -1.0]])).requires_grad_(True)
+        _, metrics = grpo_loss(lp, batch, 2.0, token_normalizer=2.0)
+        assert metrics["token_mult_prob_error"] == pytest.approx(error, rel=1e-6)
+        assert metrics["gen_kl"] == pytest.approx(gen_kl, rel=1e-5)
+    # one update per batch (no old_logprobs): π_old is the current policy
+    batch.old_logprobs = None
+    _, metrics = grpo_loss(old.clone().requires_grad_(True), batch, 2.0, token_normalizer=2.0)
+    assert metrics["token_mult_prob_error"] == pytest.approx(error, rel=1e-6)
+
+
+# --- advantages with the KL in the reward --------------------------------------------------------
+
+
+def test_rl_advantages_kl_in_reward():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    groups = torch.tensor([0, 0, 1, 1])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    kl = torch.tensor([[0.5, 0.5], [0.2, 7.0], [0.0, 0.0], [1.0, 1.0]])
+    # group estimators: r' = r - 0.1 Σ_t KL = [0.9, 0.98, 0, -0.2] -> Dr.GRPO: r' - group mean
+    out = rl_advantages(AdvantageConfig(estimator="dr_grpo"), rewards, groups, kl=kl, mask=mask, kl_beta=0.1)
+    assert out.tolist() == pytest.approx([-0.04, 0.04, 0.1, -0.1])
+    # equal task rewards, but the KL spreads them: no longer a zero-variance group
+    assert rl_advantages(AdvantageConfig(estimator="dr_grpo"), rewards, groups).tolist() == [0.0] * 4
+    # reinforce_pp: per-token [N, T], token-normalised, 0 on padding
+    pp = rl_advantages(
+        AdvantageConfig(estimator="reinforce_pp"), rewards, groups, kl=kl, mask=mask, kl_beta=0.1
+    )
+    assert pp.shape == (4, 2) and pp[1, 1] == 0.0
+    assert float(pp[mask.bool()].mean()) == pytest.approx(0.0, abs=1e-6)
+    # advantage clipping applies last
+    clipped = rl_advantages(
+        AdvantageConfig(estimator="grpo", clip=0.5), torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
+    )
+    assert clipped.tolist() == pytest.approx([0.5, -0.5])
