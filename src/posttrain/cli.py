@@ -88,6 +88,12 @@ def _models_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor_command(args: argparse.Namespace) -> int:
+    from posttrain.doctor import doctor
+
+    return doctor(args.config, args.algorithm, args.overrides, smoke=args.smoke)
+
+
 DEBUG_HELP = "show the traceback of configuration and data errors too (or set POSTTRAIN_DEBUG=1)"
 
 COMMAND_HELP = {
@@ -125,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--dtype", choices=["float32", "bfloat16"], help="cast the weights (default: keep)")
     export.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
     export.set_defaults(func=_export_command)
+    doc = sub.add_parser(
+        "doctor", help="check this machine for a run; print the fix for each problem", parents=[debug]
+    )
+    doc.add_argument("--config", help="check what this recipe needs (default: the grpo quickstart)")
+    doc.add_argument("--algorithm", choices=list(ALGORITHM_CONFIGS), help="the command the config is for")
+    doc.add_argument("--smoke", action="store_true", help="also run one GRPO step on a tiny random model")
+    doc.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generation.backend=vllm")
+    doc.set_defaults(func=_doctor_command)
     return parser
 
 

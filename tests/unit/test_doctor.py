@@ -1,0 +1,76 @@
+"""`posttrain doctor`: the pure checks with numbers, the table on this machine, a missing vLLM."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from posttrain.config import load_config
+from posttrain.config.schema import GRPOConfig
+from posttrain.doctor import GIB, _shm_needed, check_disk, check_gpus, check_shm, missing, run_checks
+
+
+def test_shm_too_small_for_the_weights_names_the_fix() -> None:
+    # 1.5 GiB of weights, 1 GiB free: fails; the docker flag rounds up to 2 GiB and adds 1 -> 3g.
+    c = check_shm(1 * GIB, 3 * GIB // 2)
+    assert c.status == "fail" and c.needed
+    assert "--shm-size=3g" in c.fix and "generation.refit_transport=object_store" in c.fix
+    assert "1.0 GiB free" in c.detail and "need 1.5 GiB" in c.detail
+    assert check_shm(3 * GIB // 2, 3 * GIB // 2).status == "ok"  # exactly enough is enough
+    assert check_shm(1 * GIB, 3 * GIB // 2, needed=False).status == "warn"  # not this run's transport
+
+
+def test_disk_and_gpus_with_numbers() -> None:
+    assert check_disk(2 * GIB, 2 * GIB, "runs/x").status == "ok"
+    low = check_disk(2 * GIB - 1, 2 * GIB, "runs/x")
+    assert low.status == "fail" and "logging.run_dir" in low.fix
+    assert check_gpus([], 0).status == "ok"
+    two = check_gpus([("H100", 80 * GIB)], 2)
+    assert two.status == "fail" and "cluster.gpus_per_node=2 but 1 GPU(s)" in two.fix
+    assert "H100 80.0 GiB" in two.detail
+
+
+def test_shared_memory_is_needed_only_by_that_transport() -> None:
+    assert not _shm_needed(GRPOConfig())  # colocated: no refit at all
+    split = ["generation.placement=split", "cluster.backend=local"]
+    assert _shm_needed(load_config(GRPOConfig, None, split))  # auto on one CPU machine
+    assert not _shm_needed(load_config(GRPOConfig, None, [*split, "generation.refit_transport=object_store"]))
+
+
+def test_default_config_is_green_on_this_machine() -> None:
+    checks = run_checks(GRPOConfig())
+    assert [c.name for c in checks] == [
+        "versions",
+        "GPUs",
+        "Ray",
+        "vLLM",
+        "/dev/shm",
+        "disk",
+        "sandbox",
+        "model",
+    ]
+    assert [c for c in checks if c.status != "ok"] == [] and missing(checks) == []
+
+
+def _doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`posttrain doctor` in a subprocess whose `import vllm` fails (sitecustomize hides it)."""
+    hide = tmp_path / "hide_vllm"
+    hide.mkdir(exist_ok=True)
+    (hide / "sitecustomize.py").write_text('import sys\nsys.modules["vllm"] = None\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), *sys.path]), "COLUMNS": "250"}
+    cmd = [sys.executable, "-m", "posttrain.cli", "doctor", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_config_that_needs_vllm_without_it_names_the_fix(tmp_path: Path) -> None:
+    recipe = tmp_path / "vllm.yaml"
+    recipe.write_text("generation:\n  backend: vllm\ncluster:\n  backend: local\n")
+    proc = _doctor(tmp_path, "--config", str(recipe))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "pip install 'posttrain[vllm]'" in proc.stdout and "missing for this run: vLLM" in proc.stdout
+    # the same machine passes a config that does not need vLLM
+    hf = _doctor(tmp_path, "--config", str(recipe), "generation.backend=hf")
+    assert hf.returncode == 0, hf.stdout + hf.stderr
+    assert "not installed (not needed" in hf.stdout
