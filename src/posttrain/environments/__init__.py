@@ -1,11 +1,12 @@
 """Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
-reward model, reasoning-gym tasks, the sliding puzzle game, tools (calculator).
+reward model, reasoning-gym tasks, the sliding puzzle game, tools (calculator, python), code (sandboxed tests).
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
 See docs/environments.md for writing your own.
 """
 
 from posttrain.environments.calculator import CalculatorEnvironment
+from posttrain.environments.code import CodeEnvironment
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.environments.interface import (
     ENVIRONMENTS,
@@ -30,6 +31,7 @@ from posttrain.environments.tools import ToolEnvironment, ToolRegistry
 
 __all__ = [
     "CalculatorEnvironment",
+    "CodeEnvironment",
     "ENVIRONMENTS",
     "CallOutcome",
     "EnvStepResult",

