@@ -23,6 +23,7 @@ from posttrain.environments.interface import (
     task_start,
 )
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
+from posttrain.environments.python_tool import PythonToolEnvironment
 from posttrain.environments.reasoning_gym_env import ReasoningGymEnvironment
 from posttrain.environments.reward_model import RewardModelEnvironment
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
@@ -40,6 +41,7 @@ __all__ = [
     "EpisodeStart",
     "MathEnvironment",
     "Message",
+    "PythonToolEnvironment",
     "ReasoningGymEnvironment",
     "RewardFunctionEnvironment",
     "RewardModelEnvironment",
