@@ -253,3 +253,30 @@ def test_continuous_episodes_equal_turn_by_turn_when_greedy(tmp_path_factory, to
     assert sum(t.num_turns for t in out[False].trajectories) > len(
         out[False].trajectories
     )  # several turns ran
+
+
+def test_response_prefix_starts_every_turn_unmasked_and_is_in_the_message(tokenizer):
+    """An environment's response prefix ("<count>") follows the prompt and every observation with
+    loss mask 0; the assistant messages the environment reads hold prefix + reply."""
+
+    class Prefixed(Counter):
+        def reset(self, tasks, seeds):
+            return [
+                EpisodeStart(s.messages, s.metadata, stop_strings=s.stop_strings, response_prefix="<count>")
+                for s in super().reset(tasks, seeds)
+            ]
+
+    rollouts, generator = _run(
+        tokenizer, Prefixed(turns=2), ["one</count>", "two</count>"], [{"start": 0}], g=1
+    )
+    t = rollouts.trajectories[0]
+    prefix = tokenizer("<count>", add_special_tokens=False)["input_ids"]
+    prompt = encode_prompt(tokenizer, [{"role": "user", "content": "Count from 0."}])
+    assert generator.calls[0][0][0] == prompt + prefix
+    (s1, e1), (s2, _) = t.turn_spans
+    assert s1 == len(prompt) + len(prefix) and t.input_ids[s2 - len(prefix) : s2] == prefix
+    assert t.loss_mask[s2 - len(prefix) : s2] == [0] * len(prefix)
+    assert [m["content"] for m in t.messages if m["role"] == "assistant"] == [
+        "<count>one</count>",
+        "<count>two</count>",
+    ]

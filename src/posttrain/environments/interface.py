@@ -36,12 +36,17 @@ class EpisodeStart:
     tools: JSON schemas of the tools offered to the model (given to the chat template as `tools=`),
         or None.
     stop_strings: generation of the first turn also stops at these (e.g. "</action>").
+    response_prefix: text that begins every assistant turn of the episode, written by the
+        environment, not generated (e.g. "<action>": the model only writes the move). Its tokens
+        are in the sequence with loss mask 0; the assistant message (what `step` reads) holds the
+        prefix and the reply.
     """
 
     messages: list[Message]
     metadata: dict[str, Any]
     tools: list[dict[str, Any]] | None = None
     stop_strings: tuple[str, ...] = ()
+    response_prefix: str = ""
 
 
 @dataclass

@@ -232,6 +232,10 @@ class SlidingPuzzleEnvironment:
             action, as in NeMo RL).
         shaped_reward: weight of the tiles-in-place fraction given when an episode ends unsolved
             (0 = off; keep it below 1 so that solving always pays more).
+        action_prefix: begin every assistant turn with "<action>" (the episode's response prefix,
+            not generated), so the model writes only the move. A small model that never writes the
+            tag itself (SmolLM2-135M-Instruct: 1 reply in 256 at temperature 1) then explores moves
+            from the first step.
 
     Metadata (the episode state, passed back to every `step`): "grid", "moves" (turns taken),
     "max_moves". Info per turn: "action" (parsed, or None), "outcome" ("moved", "view",
@@ -246,6 +250,7 @@ class SlidingPuzzleEnvironment:
         max_moves: int = 50,
         redraw_board: bool = False,
         shaped_reward: float = 0.0,
+        action_prefix: bool = False,
     ) -> None:
         if not 2 <= min_size <= max_size:
             raise ValueError(f"need 2 <= min_size <= max_size, got min_size={min_size} max_size={max_size}")
@@ -257,6 +262,7 @@ class SlidingPuzzleEnvironment:
         self.max_moves = max_moves
         self.redraw_board = redraw_board
         self.shaped_reward = shaped_reward
+        self.action_prefix = action_prefix
 
     def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
         """`count` puzzles drawn from `seed`: size, an odd shuffle length and the board's own seed."""
@@ -287,6 +293,7 @@ class SlidingPuzzleEnvironment:
                     messages=[{"role": "user", "content": instructions(grid)}],
                     metadata=metadata,
                     stop_strings=STOP_STRINGS,
+                    response_prefix="<action>" if self.action_prefix else "",
                 )
             )
         return starts

@@ -68,6 +68,8 @@ class Trajectory:
     scored: bool = True
     stop_reason: str = ""
     stop_strings: tuple[str, ...] = ()
+    response_prefix: str = ""
+    prefix_ids: list[int] = field(default_factory=list)
 
     @property
     def response_length(self) -> int:
@@ -161,21 +163,33 @@ def new_trajectories(
     *,
     generations_per_prompt: int,
     first_group_id: int,
+    tokenizer: Any = None,
 ) -> list[Trajectory]:
-    """G trajectories per episode start, each with its own copy of the start's state."""
-    return [
-        Trajectory(
-            input_ids=list(prompt),
-            loss_mask=[0] * len(prompt),
-            generation_logprobs=[0.0] * len(prompt),
-            messages=copy.deepcopy(start.messages),
-            metadata=copy.deepcopy(start.metadata),
-            group_id=first_group_id + i,
-            stop_strings=tuple(start.stop_strings),
+    """G trajectories per episode start, each with its own copy of the start's state; the prompt
+    ends with the start's response prefix (if any), so generation continues after it."""
+    out = []
+    for i, (start, prompt) in enumerate(zip(starts, prompts, strict=True)):
+        prefix = (
+            list(tokenizer(start.response_prefix, add_special_tokens=False)["input_ids"])
+            if start.response_prefix
+            else []
         )
-        for i, (start, prompt) in enumerate(zip(starts, prompts, strict=True))
-        for _ in range(generations_per_prompt)
-    ]
+        ids = list(prompt) + prefix
+        for _ in range(generations_per_prompt):
+            out.append(
+                Trajectory(
+                    input_ids=list(ids),
+                    loss_mask=[0] * len(ids),
+                    generation_logprobs=[0.0] * len(ids),
+                    messages=copy.deepcopy(start.messages),
+                    metadata=copy.deepcopy(start.metadata),
+                    group_id=first_group_id + i,
+                    stop_strings=tuple(start.stop_strings),
+                    response_prefix=start.response_prefix,
+                    prefix_ids=prefix,
+                )
+            )
+    return out
 
 
 def generate_turn(
@@ -242,7 +256,8 @@ def record_turn(
     """Append a generated turn (tokens as generated, cut at max_seq_len) and its assistant message;
     returns the token ids kept."""
     ids = append_generated(t, ids, lps, truncated, max_seq_len)
-    t.messages.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
+    text = t.response_prefix + tokenizer.decode(ids, skip_special_tokens=True)
+    t.messages.append({"role": "assistant", "content": text})
     return ids
 
 
@@ -259,14 +274,17 @@ def apply_step(
     t.stop_strings = result.stop_strings[j] if result.stop_strings[j] is not None else t.stop_strings
     observation = result.observations[j]
     env_done = result.done[j] or observation is None
-    t.done = env_done or t.truncated or t.num_turns >= limits.max_turns
+    full = len(t.input_ids) >= limits.max_seq_len
+    t.done = env_done or full or t.num_turns >= limits.max_turns
     if t.done:
-        t.stop_reason = "done" if env_done else "truncated" if t.truncated else "max_turns"
+        t.stop_reason = "done" if env_done else "truncated" if full else "max_turns"
         return
     messages = [
         cut_middle(tokenizer, m, limits.max_observation_tokens) for m in observation_messages(observation)
     ]
-    append_observation(t, observation_ids(tokenizer, turn_ids, messages), messages, limits.max_seq_len)
+    extra = observation_ids(tokenizer, turn_ids, messages) + t.prefix_ids
+    if append_observation(t, extra, messages, limits.max_seq_len):
+        t.truncated = False  # the turn cut at max_new_tokens is over; the episode goes on
 
 
 def run_rollouts(
@@ -306,7 +324,11 @@ def run_rollouts(
             "raise policy.max_seq_len or shorten the prompt"
         )
     trajectories = new_trajectories(
-        starts, prompts, generations_per_prompt=generations_per_prompt, first_group_id=first_group_id
+        starts,
+        prompts,
+        generations_per_prompt=generations_per_prompt,
+        first_group_id=first_group_id,
+        tokenizer=tokenizer,
     )
     if not turn_barrier and max_turns > 1:
         from posttrain.rollout.continuous import run_continuous
