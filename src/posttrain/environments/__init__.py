@@ -1,5 +1,6 @@
 """Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
-reward model, reasoning-gym tasks, the sliding puzzle game, tools (calculator, python), code (sandboxed tests).
+reward model, reasoning-gym tasks, the sliding puzzle game, tools (calculator, python), code (sandboxed tests),
+LLM-as-judge.
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
 See docs/environments.md for writing your own.
@@ -22,6 +23,7 @@ from posttrain.environments.interface import (
     resolve_environment,
     task_start,
 )
+from posttrain.environments.judge import JudgeEnvironment
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
 from posttrain.environments.python_tool import PythonToolEnvironment
 from posttrain.environments.reasoning_gym_env import ReasoningGymEnvironment
@@ -39,6 +41,7 @@ __all__ = [
     "EnvironmentGroup",
     "Environment",
     "EpisodeStart",
+    "JudgeEnvironment",
     "MathEnvironment",
     "Message",
     "PythonToolEnvironment",
