@@ -13,6 +13,7 @@ import math
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -137,8 +138,28 @@ def check_ray(backend: str, num_nodes: int, gpus_per_node: int) -> Check:
     return _ray_cluster(ray, address, num_nodes, gpus_per_node, needed)
 
 
+def reachable(address: str, timeout_s: float = 5.0) -> bool:
+    """Whether something listens at a ``host:port`` (or ``ray://host:port``) address; ``auto`` passes.
+
+    Checked before ``ray.init``, which retries an unreachable address for minutes.
+    """
+    if address == "auto":
+        return True
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def _ray_cluster(ray: Any, address: str, num_nodes: int, gpus_per_node: int, needed: bool) -> Check:
     """Connect to the cluster at ``address`` and compare its nodes and GPUs with the config."""
+    fix = "start the cluster (ray start --head) or unset RAY_ADDRESS for a local one"
+    if not reachable(address):
+        return Check(
+            "Ray", "fail" if needed else "warn", f"nothing answers at RAY_ADDRESS={address}", fix, needed
+        )
     try:
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     except Exception as e:  # noqa: BLE001 - any connection failure is the finding
@@ -146,7 +167,7 @@ def _ray_cluster(ray: Any, address: str, num_nodes: int, gpus_per_node: int, nee
             "Ray",
             "fail" if needed else "warn",
             f"cannot connect to RAY_ADDRESS={address}: {e}",
-            "start the cluster (ray start --head) or unset RAY_ADDRESS for a local one",
+            fix,
             needed,
         )
     try:
@@ -154,8 +175,23 @@ def _ray_cluster(ray: Any, address: str, num_nodes: int, gpus_per_node: int, nee
         res = ray.cluster_resources()
     finally:
         ray.shutdown()
-    detail = f"{address}: {len(nodes)} node(s), {res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs"
-    if len(nodes) < num_nodes or res.get("GPU", 0) < num_nodes * gpus_per_node:
+    return check_cluster_size(
+        address, len(nodes), res.get("CPU", 0), res.get("GPU", 0), num_nodes, gpus_per_node, needed
+    )
+
+
+def check_cluster_size(
+    address: str,
+    nodes: int,
+    cpus: float,
+    gpus: float,
+    num_nodes: int,
+    gpus_per_node: int,
+    needed: bool = True,
+) -> Check:
+    """A running cluster against the config: at least ``num_nodes`` nodes and ``num_nodes x gpus_per_node`` GPUs."""
+    detail = f"{address}: {nodes} node(s), {cpus:g} CPUs, {gpus:g} GPUs"
+    if nodes < num_nodes or gpus < num_nodes * gpus_per_node:
         fix = (
             f"the config asks for {num_nodes} node(s) x {gpus_per_node} GPU(s): start the missing "
             "workers (ray start --address=...) or lower cluster.num_nodes / cluster.gpus_per_node"

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from posttrain.config import load_config
 from posttrain.config.schema import GRPOConfig
-from posttrain.doctor import GIB, _shm_needed, check_disk, check_gpus, check_shm, missing, run_checks
+from posttrain.doctor import (
+    GIB,
+    _shm_needed,
+    check_cluster_size,
+    check_disk,
+    check_gpus,
+    check_ray,
+    check_shm,
+    missing,
+    run_checks,
+)
 
 
 def test_shm_too_small_for_the_weights_names_the_fix() -> None:
@@ -74,3 +85,25 @@ def test_config_that_needs_vllm_without_it_names_the_fix(tmp_path: Path) -> None
     hf = _doctor(tmp_path, "--config", str(recipe), "generation.backend=hf")
     assert hf.returncode == 0, hf.stdout + hf.stderr
     assert "not installed (not needed" in hf.stdout
+
+
+def test_ray_cluster_size_against_the_config() -> None:
+    assert check_cluster_size("h:6379", 2, 64, 16, num_nodes=2, gpus_per_node=8).status == "ok"
+    short = check_cluster_size("h:6379", 2, 64, 15, num_nodes=2, gpus_per_node=8)  # a GPU is missing
+    assert short.status == "fail" and "2 node(s) x 8 GPU(s)" in short.fix
+    assert "h:6379: 2 node(s), 64 CPUs, 15 GPUs" == short.detail
+    assert check_cluster_size("h:6379", 1, 8, 0, num_nodes=2, gpus_per_node=0).status == "fail"
+
+
+def test_ray_without_a_cluster(monkeypatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert "a local cluster will be started" in check_ray("ray", 1, 0).detail
+    two = check_ray("ray", 2, 0)  # several nodes need a running cluster
+    assert two.status == "fail" and "set RAY_ADDRESS" in two.fix
+    with socket.socket() as s:  # a port nothing listens on: fails at once, not after ray.init's retries
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    gone = check_ray("ray", 1, 0)
+    assert gone.status == "fail" and f"nothing answers at RAY_ADDRESS=127.0.0.1:{port}" == gone.detail
+    assert check_ray("local", 1, 0).status == "warn"  # reported, but a local-backend run does not need Ray
