@@ -237,15 +237,16 @@ def check_vllm(needed: bool, timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
 
 def check_sandbox() -> Check:
     """Start a one-worker sandbox pool (its probe measures the protections) and summarise them."""
-    from posttrain.sandbox import SandboxPool
-    from posttrain.sandbox.probe import SandboxUnsafeError
+    from posttrain.sandbox import SandboxError, SandboxPool
 
     fix = "install bubblewrap (apt-get install bubblewrap) or allow user namespaces; see docs/sandbox.md"
     try:
         with SandboxPool(workers=1) as pool:
             p = pool.protections()
-    except SandboxUnsafeError as e:
-        return Check("sandbox", "warn", f"no safe backend: {str(e).splitlines()[0]}", fix)
+    except (SandboxError, OSError) as e:  # no safe backend, or the probe could not start
+        return Check(
+            "sandbox", "warn", f"no safe backend: {(str(e).splitlines() or [type(e).__name__])[0]}", fix
+        )
     flags = [
         k.replace("_", " ")
         for k in (
