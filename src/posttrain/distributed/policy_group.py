@@ -45,6 +45,8 @@ class PolicyGroup:
             for r in range(n)
         ]
         self.workers = make_workers(self.worker_cls, kwargs, cluster, name="policy")
+        # FSDP2: every forward pass is a collective of all ranks, so every call must reach every rank
+        self.collective = cfg.fsdp and n > 1
         if n > 1:
             [(address, port)] = self.workers.run(Policy.rendezvous_address, [()])
             self.workers.run(Policy.init_distributed, [(address, port)] * n)
@@ -70,8 +72,13 @@ class PolicyGroup:
         return self.run_chunked(Policy.logprobs, batch, target_mask)
 
     def run_chunked(self, method: Callable, batch: TokenBatch, *args: Any) -> torch.Tensor:
-        """Split the batch over ranks, run `method(chunk, *args)` -> [b, t] on each, reassemble [B, T]."""
+        """Split the batch over ranks, run `method(chunk, *args)` -> [b, t] on each, reassemble [B, T].
+
+        Under FSDP2 (`collective`) every rank is called, with an empty chunk when the batch has fewer
+        rows than there are ranks (the method still joins every forward, see `batched_logprobs`)."""
         chunks = batch.chunks(self.world_size)
+        if self.collective:
+            chunks += [batch.select(len(batch), len(batch)) for _ in range(self.world_size - len(chunks))]
         parts = self.workers.run(method, [(chunk, *args) for chunk in chunks])
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         start = 0

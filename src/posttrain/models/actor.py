@@ -5,6 +5,8 @@ used by split placement."""
 from __future__ import annotations
 
 import atexit
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,7 +15,14 @@ from posttrain.config.schema import GenerationConfig, PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.models.generation import GenerationOutput, SamplingParams, hf_generate
 from posttrain.models.logprobs import batched_logprobs
-from posttrain.models.policy import DTYPES, Policy, load_causal_lm, pick_device
+from posttrain.models.policy import (
+    DTYPES,
+    MASTER_DTYPE,
+    Policy,
+    compute_autocast,
+    load_causal_lm,
+    pick_device,
+)
 from posttrain.models.refit import (
     BucketLayout,
     NumpyBucket,
@@ -54,8 +63,21 @@ class Sampling:
         self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
     ) -> GenerationOutput:
         if self.engine is not None:
-            return self.engine.generate(prompt_ids, params)
-        return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
+            return self.engine.generate(prompt_ids, params) if prompt_ids else GenerationOutput()
+        with self.generation_autocast():
+            return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
+
+    def run_with_model(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(model, tokenizer, *args)` with this worker's HF model under the generation compute
+        context: code that needs the model itself where it lives (continuous multi-turn rollouts)."""
+        if self.engine is not None:
+            raise ValueError("this worker generates with vLLM; continuous episodes need the HF backend")
+        with self.generation_autocast():
+            return fn(self.model, self.tokenizer, *args)
+
+    def generation_autocast(self) -> contextlib.AbstractContextManager:
+        """The compute context of HF generation (a generation worker's model is already in its dtype)."""
+        return contextlib.nullcontext()
 
 
 class ActorPolicy(Sampling, Policy):
@@ -78,8 +100,12 @@ class ActorPolicy(Sampling, Policy):
             atexit.register(self.shared.close)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.reference = None
+        # the frozen reference computes like the policy, so that KL(π || π_ref) is 0 before the first
+        # update: under FSDP2 the policy computes in pure bf16 (parameters cast), so the reference holds
+        # bf16 weights; otherwise the policy is fp32 under autocast, and so is the reference
+        self.reference_dtype = DTYPES[cfg.dtype] if cfg.fsdp and self.world_size > 1 else MASTER_DTYPE
         if reference:
-            self.reference = load_causal_lm(kwargs["model_path"], DTYPES[cfg.dtype]).to(self.device).eval()
+            self.reference = load_causal_lm(kwargs["model_path"], self.reference_dtype).to(self.device).eval()
             self.reference.requires_grad_(False)
         self.engine = None
         if generation is not None and generation.backend == "vllm":
@@ -89,6 +115,19 @@ class ActorPolicy(Sampling, Policy):
         self.refit_group: RefitGroup | None = None
         self._refit_store: Any = None
         self._refit_layouts: dict[torch.dtype | None, list[BucketLayout]] = {}
+
+    def run_with_model(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(model, tokenizer, *args)` with this worker's HF model under the generation compute
+        context: code that needs the model itself where it lives (continuous multi-turn rollouts)."""
+        if self.engine is not None:
+            raise ValueError("this worker generates with vLLM; continuous episodes need the HF backend")
+        with self.generation_autocast():
+            return fn(self.model, self.tokenizer, *args)
+
+    def generation_autocast(self) -> contextlib.AbstractContextManager:
+        """Colocated HF generation computes like training: autocast to `policy.dtype` over the fp32
+        weights (FSDP2: its mixed-precision policy)."""
+        return self.autocast()
 
     def shared_weights_handle(self) -> SharedWeightsHandle | None:
         """Split placement on one machine: where generation workers map this rank's weights."""
@@ -157,15 +196,17 @@ class ActorPolicy(Sampling, Policy):
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         if self.reference is None:
             raise RuntimeError("this policy was built without a reference model (loss.kl_beta is 0)")
-        return batched_logprobs(
-            self.reference,
-            batch,
-            "loss_mask",
-            batch_size=self.cfg.logprob_batch_size,
-            chunk_size=self.cfg.logprob_chunk_size,
-            temperature=self.cfg.logprob_temperature,
-            packed=self.cfg.packed_sequences,
-        )
+        fp32_weights = self.reference_dtype == MASTER_DTYPE  # else bf16 weights, computed as they are
+        with compute_autocast(self.device, self.compute_dtype if fp32_weights else MASTER_DTYPE):
+            return batched_logprobs(
+                self.reference,
+                batch,
+                "loss_mask",
+                batch_size=self.cfg.logprob_batch_size,
+                chunk_size=self.cfg.logprob_chunk_size,
+                temperature=self.cfg.logprob_temperature,
+                packed=self.cfg.packed_sequences,
+            )
 
     def packed_weights(self, cast: torch.dtype | None = None) -> list:
         """The parameters (tied ones once, like the collective transport) packed into buckets on rank 0
@@ -273,16 +314,19 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 
 
 def engine_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str:
-    """The dtype the generator's weights have: the policy's, unless a vLLM engine is set to another."""
+    """The dtype the generator's weights have: the policy's compute dtype, unless a vLLM engine is set
+    to another."""
     if generation.backend == "vllm" and generation.vllm.dtype != "auto":
         return generation.vllm.dtype
     return policy.dtype
 
 
 def refit_cast_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str | None:
-    """The engine's dtype when it differs from the policy's (refits cast the weights to it), else None."""
+    """The engine's dtype when it differs from the policy's parameters, which are fp32 master weights
+    whatever `policy.dtype` is (refits cast the weights to it, the checksum check compares the policy's
+    weights cast to it), else None."""
     dtype = engine_dtype(generation, policy)
-    return dtype if dtype != policy.dtype else None
+    return dtype if DTYPES[dtype] != MASTER_DTYPE else None
 
 
 def build_vllm_engine(

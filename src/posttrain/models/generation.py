@@ -13,17 +13,63 @@ from typing import Any, Protocol
 
 import torch
 
+from posttrain.models.fsdp import all_ranks_max, collective_group
 from posttrain.models.sampler import sample
 
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """`seed`: the seed of one generate call (None: unseeded). Every random stream inside the call (an HF
+    sampler batch, a vLLM request) gets its own seed from it, `sampling_seed(seed, seed_stream, index)`;
+    `seed_stream` is the generation worker's index when a call is spread over workers (`generate_on`)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
     max_new_tokens: int = 64
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
+    seed_stream: int = 0
+
+
+SEED_STREAM_BITS = 12
+"""Generation workers one call is spread over: fewer than 2**12."""
+SEED_INDEX_BITS = 20
+"""Random streams per worker and call (HF sampler batches, vLLM requests): fewer than 2**20."""
+_MASK32 = (1 << 32) - 1
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of [0, 2**64) that spreads every input bit over the output."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def sampling_seed(base: int, stream: int, index: int) -> int:
+    """The seed of random stream `index` of worker `stream` in a generate call seeded with `base`, in
+    [0, 2**63) (an int64 everywhere):
+
+        high 31 bits = base mod 2**31
+        low 32 bits  = ((stream << 20) | index) XOR h(base),   h = the high half of splitmix64(base)
+
+    Distinct for distinct (base mod 2**31, stream, index) with stream < 2**12 and index < 2**20: the high
+    bits give back the base, and for a given base the low half is an XOR with a constant, a bijection
+    of (stream, index). So no two workers, batches or requests of one call share a seed, nor two calls
+    whose seeds differ by less than 2**31. torch's CPU generator keeps only the low 32 bits of a seed
+    (CUDA's Philox keeps all 64): those are distinct within a call on any device, and h(base) moves them
+    from call to call."""
+    if not 0 <= stream < 1 << SEED_STREAM_BITS:
+        raise ValueError(f"generation worker index {stream} out of range [0, {1 << SEED_STREAM_BITS})")
+    if not 0 <= index < 1 << SEED_INDEX_BITS:
+        raise ValueError(
+            f"{index + 1} seeded sampler streams in one generate call on one worker (at most "
+            f"{1 << SEED_INDEX_BITS}); raise generation.batch_size or add generation workers"
+        )
+    base %= 1 << 31
+    low = ((stream << SEED_INDEX_BITS) | index) ^ (_mix64(base) >> 32)
+    return (base << 32) | (low & _MASK32)
 
 
 @dataclass
@@ -70,13 +116,19 @@ def hf_generate(
     batch_size: int = 64,
 ) -> GenerationOutput:
     """Sample with `posttrain.models.sampler.sample` (shared prefill per distinct prompt), `batch_size`
-    prompts at a time."""
+    prompts at a time. Under FSDP2 every rank runs as many batches as the rank with the most (the
+    others, a rank without prompts too, on empty batches: `sample` then joins the forwards only)."""
     out = GenerationOutput()
     was_training = model.training
     model.eval()
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    for index, start in enumerate(range(0, len(prompt_ids), batch_size)):
+    starts = list(range(0, len(prompt_ids), batch_size))
+    group = collective_group(model)
+    if group is not None:
+        device = next(model.parameters()).device
+        starts += [len(prompt_ids)] * (all_ranks_max(len(starts), group, device) - len(starts))
+    for index, start in enumerate(starts):
         tokens, logprobs = sample(
             model,
             prompt_ids[start : start + batch_size],
@@ -88,7 +140,7 @@ def hf_generate(
             top_k=params.top_k,
             stop_strings=params.stop_strings,
             tokenizer=tokenizer,
-            seed=None if params.seed is None else params.seed + index,
+            seed=None if params.seed is None else sampling_seed(params.seed, params.seed_stream, index),
         )
         for row_tokens, row_logprobs in zip(tokens, logprobs, strict=True):
             n = finished_length(row_tokens, eos_ids, params.stop_strings, tokenizer)

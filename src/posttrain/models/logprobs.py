@@ -8,14 +8,24 @@ For a plain bias-free `nn.Linear` head (every HF causal LM we train) the project
 log-softmax are one autograd function, `LinearLogprobs`, whose backward costs the two matmuls
 it must and little else (see its docstring). Other heads (LoRA-wrapped, biased, hooked) take the
 generic path through the module and autograd.
+
+Some models transform lm_head's output before returning logits (Granite divides by
+`logits_scaling`, Cohere multiplies by `logit_scale`, Gemma 2/3 soft-cap with
+`final_logit_softcapping`): the sampler sees the transformed logits, so the lean path applies the
+same transform (`LogitsTransform`, read from the config). Once per model a probe checks that the
+lean path reproduces the model's own logits; a model whose output it does not reproduce (a transform
+posttrain does not know) is scored through its own forward instead (`lean_logits_transform`).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from posttrain.models.fsdp import all_ranks_max, collective_group
 from posttrain.models.packing import packed_hidden_states, packed_logits_at
 
 
@@ -64,6 +74,12 @@ class LinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_size):  # type: ignore[override]
+        # under autocast (bf16 compute over fp32 weights) the forward matmul runs in the autocast dtype;
+        # backward, which autocast does not cover, runs its two matmuls in that dtype too
+        device_type = hidden.device.type
+        ctx.compute_dtype = (
+            torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        )
         lps, probs = [], []
         for start in range(0, hidden.shape[0], chunk_size):
             stop = start + chunk_size
@@ -82,6 +98,22 @@ class LinearLogprobs(torch.autograd.Function):
         g = grad_lp.to(hidden.dtype).unsqueeze(1)  # [N, 1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = None
+        compute = ctx.compute_dtype
+        if compute is not None and compute != weight.dtype:  # autocast: the matmuls in its dtype
+            w_c = weight.to(compute)
+            for i, p in enumerate(probs):
+                rows = slice(i * ctx.chunk_size, (i + 1) * ctx.chunk_size)
+                p = p.to(compute)
+                g_c, t_c = g[rows], targets[rows]
+                if need_hidden:
+                    grad_hidden[rows] = (p @ w_c).to(hidden.dtype)
+                    grad_hidden[rows].mul_(-g_c).addcmul_(g_c, w_c[t_c].to(hidden.dtype))
+                if need_weight:
+                    h_g = hidden[rows] * g_c
+                    part = (p.T @ h_g.neg().to(compute)).to(weight.dtype)
+                    grad_weight = part if grad_weight is None else grad_weight.add_(part)
+                    grad_weight.index_add_(0, t_c, h_g.to(weight.dtype))
+            return grad_hidden, grad_weight, None, None
         for i, p in enumerate(probs):
             rows = slice(i * ctx.chunk_size, (i + 1) * ctx.chunk_size)
             p = p.to(weight.dtype)  # no copy when already fp32
@@ -111,12 +143,100 @@ def _plain_linear_weight(lm_head: torch.nn.Module) -> torch.Tensor | None:
     return weight
 
 
+@dataclass(frozen=True)
+class LogitsTransform:
+    """What a causal LM does to its lm_head's output z before returning logits: softcap(z * multiplier),
+    softcap(x) = c * tanh(x / c) (none when `softcap` is None)."""
+
+    multiplier: float = 1.0
+    softcap: float | None = None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.multiplier != 1.0:
+            logits = logits * self.multiplier
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    @classmethod
+    def of_config(cls, config: Any) -> LogitsTransform:
+        """The transform a transformers config declares: Granite's `logits_scaling` (logits / s), Cohere's
+        `logit_scale` (logits * s), Gemma 2/3's `final_logit_softcapping` (c * tanh(logits / c))."""
+        if hasattr(config, "get_text_config"):
+            config = config.get_text_config()
+        multiplier = 1.0
+        scaling = getattr(config, "logits_scaling", None)
+        if isinstance(scaling, int | float) and scaling not in (0, 1):
+            multiplier /= scaling
+        scale = getattr(config, "logit_scale", None)
+        if isinstance(scale, int | float) and not isinstance(scale, bool):
+            multiplier *= scale
+        cap = getattr(config, "final_logit_softcapping", None)
+        return cls(multiplier, float(cap) if isinstance(cap, int | float) and cap > 0 else None)
+
+
+IDENTITY = LogitsTransform()
+_LEAN_TRANSFORM = "_posttrain_lean_logits_transform"  # cached on the model by `lean_logits_transform`
+
+
+def lean_logits_transform(model: torch.nn.Module) -> LogitsTransform | None:
+    """The transform that the lean path (decoder, then lm_head, then this) must apply to reproduce
+    `model(...).logits`; None when it cannot (the model transforms its logits in a way its config does
+    not declare): score through the model's own forward then. Decided once per model by a probe."""
+    cached = model.__dict__.get(_LEAN_TRANSFORM, ...)
+    if cached is not ...:
+        return cached
+    transform = LogitsTransform.of_config(model.config)
+    result = transform if _lean_path_matches(model, transform) else None
+    model.__dict__[_LEAN_TRANSFORM] = result
+    return result
+
+
+@torch.no_grad()
+def _lean_path_matches(model: torch.nn.Module, transform: LogitsTransform) -> bool:
+    """Whether transform(lm_head(decoder(x))) equals the model's own logits on a short probe sequence, up
+    to rounding (the two compute the same operations, except that the lean path folds the multiplier
+    into the hidden states)."""
+    device = next(model.parameters()).device
+    vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 2)
+    ids = (torch.arange(8, device=device) % vocab).unsqueeze(0)
+    mask = torch.ones_like(ids)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device.type, enabled=False):
+            own = model(input_ids=ids, attention_mask=mask).logits
+            hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+            lean = transform.apply(model.get_output_embeddings()(hidden))
+    finally:
+        model.train(was_training)
+    if own.shape != lean.shape:
+        return False
+    rounding = 1e-4 if own.dtype in (torch.float32, torch.float64) else 4 * torch.finfo(own.dtype).eps
+    error = float((lean.double() - own.double()).abs().max())
+    return math.isfinite(error) and error <= rounding * (1.0 + float(own.double().abs().max()))
+
+
 def chunked_logprobs(
-    hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, chunk_size: int
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    lm_head: torch.nn.Module,
+    chunk_size: int,
+    *,
+    transform: LogitsTransform = IDENTITY,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """[N, H] hidden states and [N] targets -> [N] log-probabilities, `chunk_size` rows at a time."""
+    """[N, H] hidden states and [N] targets -> [N] log-probabilities of softmax(transform(lm_head(h)) / T),
+    `chunk_size` rows at a time.
+
+    A linear transform and the temperature fold into the hidden states for a bias-free linear head
+    (z * m / T == lm_head(h * m / T)); a soft-cap, or another head, takes the generic path."""
     weight = _plain_linear_weight(lm_head)
-    if weight is not None and hidden.shape[0] > 0:
+    if weight is not None and transform.softcap is None and hidden.shape[0] > 0:
+        if transform.multiplier != 1.0:
+            hidden = hidden * transform.multiplier
+        if temperature != 1.0:
+            hidden = hidden / temperature
         if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
             return LinearLogprobs.apply(hidden, weight, targets, chunk_size)
         parts = [
@@ -126,13 +246,16 @@ def chunked_logprobs(
             for i in range(0, hidden.shape[0], chunk_size)
         ]
         return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def chunk_logprobs(start: int) -> torch.Tensor:
+        logits = transform.apply(lm_head(hidden[start : start + chunk_size]))
+        if temperature != 1.0:
+            logits = logits / temperature
+        return gather_logprobs(logits, targets[start : start + chunk_size])
+
     if hidden.shape[0] <= chunk_size:
-        return gather_logprobs(lm_head(hidden), targets)
-    parts = [
-        gather_logprobs(lm_head(hidden[i : i + chunk_size]), targets[i : i + chunk_size])
-        for i in range(0, hidden.shape[0], chunk_size)
-    ]
-    return torch.cat(parts)
+        return chunk_logprobs(0)
+    return torch.cat([chunk_logprobs(i) for i in range(0, hidden.shape[0], chunk_size)])
 
 
 def is_fsdp_module(model: torch.nn.Module) -> bool:
@@ -178,12 +301,15 @@ def token_logprobs(
     p is softmax(logits / temperature): RL trains the distribution it samples from.
 
     `model` is a Hugging Face causal LM; its decoder (`base_model`) and `lm_head` are called
-    separately so that the projection skips positions that are not targets. `packed`: the decoder
-    runs on the real tokens only (`posttrain.models.packing`), not on the padding.
+    separately so that the projection skips positions that are not targets, and the model's output
+    transform is applied after lm_head (`lean_logits_transform`; a model sharded with FSDP2, or whose
+    transform is unknown, is called whole). `packed`: the decoder runs on the real tokens only
+    (`posttrain.models.packing`), not on the padding.
     """
     selected = target_mask[:, 1:].bool()
     targets = input_ids[:, 1:][selected]
-    if is_fsdp_module(model):
+    transform = None if is_fsdp_module(model) else lean_logits_transform(model)
+    if transform is None:  # FSDP2, or an output transform the lean path cannot reproduce
         lp = _root_forward_logprobs(model, input_ids, attention_mask, selected, targets, temperature, packed)
     else:
         if packed:
@@ -191,9 +317,14 @@ def token_logprobs(
         else:
             hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         hidden = hidden[:, :-1][selected]
-        if temperature != 1.0:  # logits / T == (hidden / T) @ W.T for a linear lm_head
-            hidden = hidden / temperature
-        lp = chunked_logprobs(hidden, targets, model.get_output_embeddings(), chunk_size)
+        lp = chunked_logprobs(
+            hidden,
+            targets,
+            model.get_output_embeddings(),
+            chunk_size,
+            transform=transform,
+            temperature=temperature,
+        )
     rows, cols = selected.nonzero(as_tuple=True)
     out = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)
     return out.index_put((rows, cols + 1), lp)
@@ -210,12 +341,21 @@ def batched_logprobs(
     temperature: float = 1.0,
     packed: bool = False,
 ) -> torch.Tensor:
-    """[B, T] log-probabilities (CPU, fp32) of the tokens where `batch.<target_mask>` is set."""
+    """[B, T] log-probabilities (CPU, fp32) of the tokens where `batch.<target_mask>` is set.
+
+    Under FSDP2 every forward is a collective: all ranks run as many forwards as the rank with the most
+    microbatches, the others (an empty batch too) on a dummy row."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    for start in range(0, len(batch), batch_size):
+    starts = range(0, len(batch), batch_size)
+    group = collective_group(model)
+    if group is not None:
+        for _ in range(all_ranks_max(len(starts), group, device) - len(starts)):
+            dummy = torch.zeros((1, 2), dtype=torch.long, device=device)
+            token_logprobs(model, dummy, torch.ones_like(dummy), torch.zeros_like(dummy), packed=packed)
+    for start in starts:
         micro = batch.select(start, min(start + batch_size, len(batch)))
         lp = token_logprobs(
             model,

@@ -3,10 +3,19 @@
 A `Policy` runs inside a worker (a Ray actor, or the controller process in local mode). Each
 optimizer step sums microbatch losses that the caller normalised by GLOBAL counts, adds the
 gradients of all data-parallel ranks (all-reduce SUM), clips the global norm, and steps AdamW.
+
+Precision: the parameters (master weights), their gradients and AdamW's state are always fp32.
+`policy.dtype` is the COMPUTE dtype: with bfloat16, forward and backward passes run in bf16 (FSDP2:
+`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`; otherwise `torch.autocast` around
+every forward: training, logprobs, the reference model and colocated HF generation). bf16 master
+weights would lose small updates: at lr 1e-6 an update is below half a bf16 ulp of almost every
+weight, which then never changes. Checkpoints hold the fp32 master weights (resuming is exact);
+`posttrain export` writes the checkpoint in the dtype the run computed in unless told otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Callable
@@ -29,6 +38,16 @@ LossFn = Callable[[torch.Tensor, TokenBatch, float], tuple[torch.Tensor, dict[st
 normalizer) -> (loss, metrics summed over microbatches)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MASTER_DTYPE = torch.float32
+"""The dtype of trained parameters, their gradients and the optimizer state, whatever `policy.dtype` is."""
+
+
+def compute_autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """Forward passes of fp32 parameters computed in `dtype`: `torch.autocast` for a dtype narrower
+    than fp32 (matmuls in bf16, reductions and norms as autocast keeps them), else nothing."""
+    if dtype in (torch.float32, torch.float64):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -98,6 +117,7 @@ class Policy:
             torch.set_num_threads(num_threads)
         self.cfg, self.rank, self.world_size, self.total_steps = cfg, rank, world_size, total_steps
         self.device = pick_device(gpus)
+        self.compute_dtype = DTYPES[cfg.dtype]
         torch.manual_seed(cfg.seed)
         self.model = self.load_model(model_path).to(self.device)
         if cfg.activation_checkpointing:
@@ -111,8 +131,15 @@ class Policy:
         )
 
     def load_model(self, model_path: str) -> torch.nn.Module:
-        """The trained module; subclasses load other heads (e.g. a reward model)."""
-        return load_causal_lm(model_path, DTYPES[self.cfg.dtype])
+        """The trained module, in fp32 (master weights); subclasses load other heads (e.g. a reward model)."""
+        return load_causal_lm(model_path, MASTER_DTYPE)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context of every forward pass: autocast to `policy.dtype`, except under FSDP2, whose
+        mixed-precision policy casts the parameters itself."""
+        if self.sharded:
+            return contextlib.nullcontext()
+        return compute_autocast(self.device, self.compute_dtype)
 
     def loss_inputs(self, micro: TokenBatch) -> torch.Tensor:
         """What `train` hands the loss function: [B, T] token log-probabilities on `loss_mask`."""
@@ -146,7 +173,7 @@ class Policy:
         if self.cfg.fsdp:
             from posttrain.models.fsdp import shard_model
 
-            shard_model(self.model, dtype=DTYPES[self.cfg.dtype])
+            shard_model(self.model, dtype=self.compute_dtype)
             self.loss_scale = float(self.world_size)
             self.optimizer, self.scheduler = build_optimizer(
                 list(self.model.parameters()), self.cfg.optimizer, self.cfg.scheduler, self.total_steps
@@ -163,9 +190,14 @@ class Policy:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
-        for micro in batch.microbatches(self.cfg.train_micro_batch_size):
+        micros = list(batch.microbatches(self.cfg.train_micro_batch_size))
+        if self.sharded:  # before any forward: the count is agreed by a collective
+            self._join_missing_microbatches(len(micros))
+        for micro in micros:
             micro = self._to_device(micro)
-            loss, micro_metrics = loss_fn(self.loss_inputs(micro), micro, normalizer)
+            with self.autocast():
+                inputs = self.loss_inputs(micro)
+            loss, micro_metrics = loss_fn(inputs, micro, normalizer)
             (loss * self.loss_scale).backward()
             for key, value in micro_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
@@ -177,6 +209,20 @@ class Policy:
         self.optimizer.step()
         self.scheduler.step()
         return TrainResult(metrics, float(grad_norm), lr, batch.num_tokens)
+
+    def _join_missing_microbatches(self, done: int) -> None:
+        """FSDP2: every forward and backward is a collective, so a rank with fewer microbatches than
+        another (uneven shards) runs the difference on a dummy row with a zero loss (first, right after
+        the ranks agree on the count: every rank then runs the same sequence of collectives)."""
+        from posttrain.models.fsdp import all_ranks_max, collective_group
+
+        group = collective_group(self.model)
+        if group is None:
+            return
+        for _ in range(all_ranks_max(done, group, self.device) - done):
+            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+            dummy = TokenBatch(ids, torch.ones_like(ids), torch.zeros((1, 2), device=self.device))
+            (self.loss_inputs(dummy).sum() * 0.0).backward()
 
     def _all_reduce_gradients(self) -> None:
         """Sum gradients over ranks, one flat buffer per dtype."""
@@ -199,15 +245,16 @@ class Policy:
     def logprobs(self, batch: TokenBatch, target_mask: str = "loss_mask") -> torch.Tensor:
         """[B, T] log-probabilities of the tokens where `batch.<target_mask>` is set (0 elsewhere), on CPU."""
         self.model.eval()
-        return batched_logprobs(
-            self.model,
-            batch,
-            target_mask,
-            batch_size=self.cfg.logprob_batch_size,
-            chunk_size=self.cfg.logprob_chunk_size,
-            temperature=self.cfg.logprob_temperature,
-            packed=self.cfg.packed_sequences,
-        )
+        with self.autocast():
+            return batched_logprobs(
+                self.model,
+                batch,
+                target_mask,
+                batch_size=self.cfg.logprob_batch_size,
+                chunk_size=self.cfg.logprob_chunk_size,
+                temperature=self.cfg.logprob_temperature,
+                packed=self.cfg.packed_sequences,
+            )
 
     # ------------------------------------------------------------------ state
     def parameters_checksum(self, dtype: str | None = None) -> tuple[float, float]:
@@ -248,9 +295,10 @@ class Policy:
         if self.rank == 0:
             self.model.save_pretrained(path / "model", state_dict=full_state, safe_serialization=True)
             layout = "per_rank" if self.sharded else "rank0"
-            (path / "format.json").write_text(
-                json.dumps({"model": "hf_full_state", "optimizer": layout, "world_size": self.world_size})
-            )
+            fmt = {"model": "hf_full_state", "optimizer": layout, "world_size": self.world_size}
+            # the weights are the fp32 master weights; `posttrain export` casts them to compute_dtype
+            fmt |= {"master_dtype": str(MASTER_DTYPE).removeprefix("torch."), "compute_dtype": self.cfg.dtype}
+            (path / "format.json").write_text(json.dumps(fmt))
         if self.sharded:
             from posttrain.models.fsdp import optimizer_shard_state
 

@@ -15,7 +15,7 @@ import torch
 
 from posttrain.data.batching import TokenBatch
 from posttrain.models.packing import packed_hidden_states
-from posttrain.models.policy import DTYPES, Policy
+from posttrain.models.policy import MASTER_DTYPE, Policy
 
 
 def resolve_model_folder(path: str | Path) -> Path:
@@ -108,7 +108,7 @@ class RewardPolicy(Policy):
         super().__init__(cfg, **kwargs)
 
     def load_model(self, model_path: str) -> torch.nn.Module:
-        return load_reward_model(model_path, DTYPES[self.cfg.dtype], pad_token_id=self.pad_token_id)
+        return load_reward_model(model_path, MASTER_DTYPE, pad_token_id=self.pad_token_id)
 
     def loss_inputs(self, micro: TokenBatch) -> torch.Tensor:
         return sequence_scores(
@@ -116,6 +116,7 @@ class RewardPolicy(Policy):
         )
 
     def scores(self, batch: TokenBatch) -> torch.Tensor:
-        return batched_scores(
-            self.model, batch, self.cfg.logprob_batch_size, packed=self.cfg.packed_sequences
-        )
+        with self.autocast():
+            return batched_scores(
+                self.model, batch, self.cfg.logprob_batch_size, packed=self.cfg.packed_sequences
+            )

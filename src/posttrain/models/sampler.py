@@ -12,6 +12,11 @@ dropping rows from the batch as they finish. Per decode step t and unfinished ro
 A row finishes at an EOS token or when the decoded text contains a stop string. Randomness comes
 from a `torch.Generator` seeded with `SamplingParams.seed`, so a seeded call is reproducible and
 leaves the global RNG alone.
+
+A model sharded with FSDP2 runs every forward as a collective of all its ranks, so no rank may stop
+while another still decodes: each step the ranks all-reduce whether any of them still has an
+unfinished row, and a rank whose rows are all done (or that got no prompts) keeps calling the model
+on one dummy row, whose tokens it throws away, until every rank is done.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from posttrain.models.attention import GQA_SDPA_ATTENTION, attention_implementation
+from posttrain.models.fsdp import all_ranks_max, collective_group
 
 # Drop finished rows from the batch once this fraction of the rows still in it has finished.
 COMPACT_FRACTION = 0.25
@@ -166,17 +172,25 @@ def sample(
     seed: int | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sampled token ids and their logprobs per prompt, each ending at EOS or a stop string, or at
-    max_new_tokens (the caller tells the two apart)."""
+    max_new_tokens (the caller tells the two apart).
+
+    Under FSDP2 (`collective_group`) every rank must call this the same number of times, with
+    `max_new_tokens` the same everywhere; `prompt_ids` may be empty."""
     if stop_strings and tokenizer is None:
         raise ValueError("stop strings need the tokenizer to decode the generated text")
+    group = collective_group(model)
+    n = len(prompt_ids)
+    if n == 0 and group is None:
+        return [], []
     device = next(model.parameters()).device
     generator = None
     if seed is not None and temperature > 0:
         generator = torch.Generator(device=device).manual_seed(seed)
 
     # prefill each distinct prompt once, then give every row its prompt's cache
+    rows_in = prompt_ids if n else [[pad_id]]  # no prompts: one dummy row joins the collectives
     distinct: dict[tuple[int, ...], int] = {}
-    source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
+    source = [distinct.setdefault(tuple(p), len(distinct)) for p in rows_in]
     ids, mask = left_pad([list(p) for p in distinct], pad_id)
     ids, mask = ids.to(device), mask.to(device)
     cache = preallocated_cache(model.config, ids.shape[1] + max_new_tokens)
@@ -194,33 +208,46 @@ def sample(
     mask = mask[rows]
     positions = mask.sum(-1)
 
-    n = len(prompt_ids)
     tokens: list[list[int]] = [[] for _ in range(n)]
     logprobs: list[list[float]] = [[] for _ in range(n)]
-    active = list(range(n))  # batch row -> output row
+    active = list(range(len(rows_in)))  # batch row -> output row
     finished = [False] * len(active)  # by batch row
+    idle = n == 0  # every row of this rank is done; under FSDP2 it may still have to join forwards
     for step in range(max_new_tokens):
         next_tokens, next_logprobs = choose_tokens(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
         )
-        for b, (token, logprob) in enumerate(zip(next_tokens.tolist(), next_logprobs.tolist(), strict=True)):
-            if finished[b]:
-                continue
-            row = active[b]
-            tokens[row].append(token)
-            logprobs[row].append(logprob)
-            finished[b] = token in eos_ids or bool(
-                stop_strings and _hits_stop_string(tokens[row], stop_strings, tokenizer)
-            )
-        if all(finished) or step == max_new_tokens - 1:
+        if not idle:
+            pairs = zip(next_tokens.tolist(), next_logprobs.tolist(), strict=True)
+            for b, (token, logprob) in enumerate(pairs):
+                if finished[b]:
+                    continue
+                row = active[b]
+                tokens[row].append(token)
+                logprobs[row].append(logprob)
+                finished[b] = token in eos_ids or bool(
+                    stop_strings and _hits_stop_string(tokens[row], stop_strings, tokenizer)
+                )
+            idle = all(finished)
+        if step == max_new_tokens - 1:
             break
-        if sum(finished) >= COMPACT_FRACTION * len(finished):
+        if group is None:
+            if idle:
+                break
+        elif all_ranks_max(0 if idle else 1, group, device) == 0:  # every rank is done
+            break
+        if idle:  # keep one row to run the forwards the other ranks need; its tokens are thrown away
+            keep = [0]
+        elif sum(finished) >= COMPACT_FRACTION * len(finished):
             keep = [b for b, done in enumerate(finished) if not done]
+        else:
+            keep = None
+        if keep is not None and len(keep) < len(active):
             index = torch.tensor(keep, device=device)
             cache.batch_select_indices(index)
             next_tokens, mask, positions = next_tokens[index], mask[index], positions[index]
             active = [active[b] for b in keep]
-            finished = [False] * len(active)
+            finished = [finished[b] for b in keep]
         mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=-1)
         out = model(
             input_ids=next_tokens[:, None],

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from posttrain.config.schema import VLLMConfig
-from posttrain.models.generation import GenerationOutput, SamplingParams, finished_length
+from posttrain.models.generation import GenerationOutput, SamplingParams, finished_length, sampling_seed
 from posttrain.models.refit import weights_checksum
 
 INSTALL_HINT = (
@@ -275,7 +275,9 @@ class VLLMGenerator:
                 stop=list(params.stop_strings) or None,
                 stop_token_ids=sorted(self.eos_ids),
                 include_stop_str_in_output=True,
-                seed=None if params.seed is None or greedy else params.seed + i,
+                seed=None
+                if params.seed is None or greedy
+                else sampling_seed(params.seed, params.seed_stream, i),
                 logprobs=0,
             )
             for i in range(len(prompt_ids))
