@@ -97,6 +97,10 @@ class Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finished_by: str = ""  # "eos" | "stop" | "length" once finished
+    cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    """With `keep_cache`, once finished: per layer the row's keys and values [H, L, D] for every
+    token it has seen except its last sampled one (not yet run through the model); `resume` goes on
+    from there."""
 
 
 class ContinuousDecoder:
@@ -110,6 +114,9 @@ class ContinuousDecoder:
         tokenizer: needed for stop strings.
         generator: a seeded `torch.Generator` for reproducible sampling, or None.
         room: free cache columns allocated past the longest row at each merge (more: fewer re-layouts).
+        keep_cache: finished rows keep their KV cache (`Row.cache`), so that `resume` continues a
+            multi-turn episode by running only its new tokens (the observation) instead of its
+            whole history.
     """
 
     def __init__(
@@ -124,12 +131,14 @@ class ContinuousDecoder:
         tokenizer: Any = None,
         generator: torch.Generator | None = None,
         room: int = 64,
+        keep_cache: bool = False,
     ) -> None:
         if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=model.config).layers):
             raise ValueError("continuous batching needs a full-attention KV cache (no sliding-window layers)")
         self.model, self.eos_ids, self.pad_id = model, eos_ids, pad_id
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.tokenizer, self.generator, self.room = tokenizer, generator, room
+        self.keep_cache = keep_cache
         self.device = next(model.parameters()).device
         self.rows: list[Row] = []
         self.cache: DynamicCache | None = None
@@ -179,6 +188,57 @@ class ContinuousDecoder:
         self._join(fresh, rows, new_mask, new_logits)
         self.rows += [Row(k, b, tuple(s)) for k, b, s in zip(keys, budgets, stop_strings, strict=True)]
 
+    @torch.no_grad()
+    def resume(
+        self,
+        keys: list[Any],
+        caches: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        new_tokens: list[list[int]],
+        budgets: list[int],
+        stop_strings: list[tuple[str, ...]],
+    ) -> None:
+        """Join rows that continue where a finished row (`Row.cache`) stopped: only `new_tokens` (its
+        last sampled token, then e.g. an observation) run through the model, on top of the kept cache.
+
+        Layout of the joining rows: each kept cache right-aligned on a shared column L, then its new
+        tokens right-aligned after L (masked padding in between), position ids counting real tokens."""
+        if not keys:
+            return
+        lengths = [c[0][0].shape[1] for c in caches]
+        counts = [len(t) for t in new_tokens]
+        if min(counts) < 1:
+            raise ValueError("resume needs at least one new token per row (its last sampled token)")
+        L, N = max(lengths), max(counts)
+        pad = torch.nn.functional.pad
+        fresh = DynamicCache(config=self.model.config)
+        fresh.layers = [
+            SlotLayer(
+                torch.stack([pad(c[layer][0], (0, 0, L - c[layer][0].shape[1], 0)) for c in caches]),
+                torch.stack([pad(c[layer][1], (0, 0, L - c[layer][1].shape[1], 0)) for c in caches]),
+                L + N,
+            )
+            for layer in range(len(caches[0]))
+        ]
+        ids, new_mask = left_pad(new_tokens, self.pad_id)
+        ids, new_mask = ids.to(self.device), new_mask.to(self.device)
+        old_mask = torch.zeros(len(keys), L, dtype=torch.long, device=self.device)
+        for i, n in enumerate(lengths):
+            old_mask[i, L - n :] = 1
+        mask = torch.cat([old_mask, new_mask], dim=-1)
+        offsets = torch.tensor(lengths, device=self.device)[:, None]
+        positions = (offsets + new_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=fresh,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        rows = torch.arange(len(keys), device=self.device)
+        self._join(fresh, rows, mask, out.logits[:, -1])
+        self.rows += [Row(k, b, tuple(s)) for k, b, s in zip(keys, budgets, stop_strings, strict=True)]
+
     def _join(
         self, fresh: DynamicCache, rows: torch.Tensor, new_mask: torch.Tensor, new_logits: torch.Tensor
     ) -> None:
@@ -222,6 +282,13 @@ class ContinuousDecoder:
             if row.finished_by:
                 finished.append(row)
         keep = [i for i, row in enumerate(self.rows) if not row.finished_by]
+        if self.keep_cache:
+            for i, row in enumerate(self.rows):
+                if row.finished_by:
+                    real = self.mask[i].bool()
+                    row.cache = [
+                        (layer.keys[i][:, real], layer.values[i][:, real]) for layer in self.cache.layers
+                    ]
         if len(keep) < len(self.rows):
             index = torch.tensor(keep, dtype=torch.long, device=self.device)
             for layer in self.cache.layers:

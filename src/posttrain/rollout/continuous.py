@@ -56,8 +56,10 @@ def episode_loop(
         tokenizer=tokenizer,
         generator=generator,
         room=params.max_new_tokens,
+        keep_cache=True,
     )
     queue = list(range(len(trajectories)))
+    kept: dict[int, list] = {}  # episode -> the KV cache of its finished turn, while it waits
     results: list[EnvStepResult] = []
     was_training = model.training
     model.eval()
@@ -67,10 +69,12 @@ def episode_loop(
                 queue[: max(batch_size - len(decoder), 0)],
                 queue[max(batch_size - len(decoder), 0) :],
             )
-            _join(decoder, [trajectories[i] for i in joining], joining, params, limits)
+            _join(decoder, trajectories, joining, kept, params, limits)
             ended = decoder.step()
             if ended:
-                queue += _step_ended(ended, trajectories, environment, tokenizer, limits, results)
+                going_on = _step_ended(ended, trajectories, environment, tokenizer, limits, results)
+                kept.update({row.key: row.cache for row in ended if row.key in going_on})
+                queue += going_on
     finally:
         model.train(was_training)
     return trajectories, results
@@ -78,14 +82,37 @@ def episode_loop(
 
 def _join(
     decoder: ContinuousDecoder,
-    episodes: list[Trajectory],
+    trajectories: list[Trajectory],
     keys: list[int],
+    kept: dict[int, list],
     params: SamplingParams,
     limits: EpisodeLimits,
 ) -> None:
-    budgets = [min(params.max_new_tokens, limits.max_seq_len - len(t.input_ids)) for t in episodes]
-    stops = [tuple(params.stop_strings) + t.stop_strings for t in episodes]
-    decoder.add(keys, [t.input_ids for t in episodes], budgets, stops)
+    """Episodes `keys` join the decode: new ones prefill their prompt, continuing ones run only what
+    came after their kept cache (their last sampled token and the observation)."""
+
+    def budget(t: Trajectory) -> int:
+        return min(params.max_new_tokens, limits.max_seq_len - len(t.input_ids))
+
+    def stops(t: Trajectory) -> tuple[str, ...]:
+        return tuple(params.stop_strings) + t.stop_strings
+
+    new = [k for k in keys if k not in kept]
+    decoder.add(
+        new,
+        [trajectories[k].input_ids for k in new],
+        [budget(trajectories[k]) for k in new],
+        [stops(trajectories[k]) for k in new],
+    )
+    going_on = [k for k in keys if k in kept]
+    caches = [kept.pop(k) for k in going_on]
+    decoder.resume(
+        going_on,
+        caches,
+        [trajectories[k].input_ids[c[0][0].shape[1] :] for k, c in zip(going_on, caches, strict=True)],
+        [budget(trajectories[k]) for k in going_on],
+        [stops(trajectories[k]) for k in going_on],
+    )
 
 
 def _step_ended(
