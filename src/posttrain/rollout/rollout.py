@@ -357,12 +357,18 @@ def turn_by_turn(
 ) -> list[EnvStepResult]:
     """The turn-synchronous loop: all active episodes generate a turn, then all are stepped."""
     results: list[EnvStepResult] = []
-    for _ in range(limits.max_turns):
+    for turn in range(limits.max_turns):
         active = [t for t in trajectories if not t.done]
         if not active:
             break
+        # every turn samples with a seed of its own (the first turn's is the call's seed)
+        turn_params = (
+            params
+            if params.seed is None
+            else dataclasses.replace(params, seed=params.seed + turn * 1_000_003)
+        )
         with timer("generation"):
-            generated = generate_turn(generator, active, params, batch_size)
+            generated = generate_turn(generator, active, turn_params, batch_size)
         turn_ids = [
             record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len)
             for t, (ids, lps, truncated) in zip(active, generated, strict=True)

@@ -109,6 +109,14 @@ def sampling_params(cfg: EvalConfig) -> SamplingParams:
     )
 
 
+def model_max_len(model_dir: str, max_seq_len: int) -> int:
+    """`max_seq_len`, capped at the model's own position limit (`max_position_embeddings`)."""
+    from transformers import AutoConfig
+
+    limit = getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None)
+    return min(max_seq_len, limit) if limit else max_seq_len
+
+
 def sample_records(rollouts: Rollouts, n: int) -> list[SampleRecord]:
     """One record per episode; episodes come n per task, in task order."""
     records = []
@@ -154,6 +162,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
         tokenizer=tokenizer,
         max_prompt_len=cfg.data.max_prompt_len,
     )
+    max_seq_len = model_max_len(source.model, cfg.max_seq_len)
     with EnvironmentGroup(env_cfg.name, env_cfg.kwargs, backend="local") as env:
         n = cfg.sampling.samples_per_prompt
         params = sampling_params(cfg)
@@ -164,7 +173,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
             dtype=cfg.dtype,
             device=cfg.device,
             vllm=cfg.generation.vllm,
-            max_model_len=cfg.max_seq_len,
+            max_model_len=max_seq_len,
             seed=params.seed or 0,
         )
         timer = Timer()
@@ -177,7 +186,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
             params=params,
             batch_size=cfg.generation.batch_size,
             max_turns=env_cfg.max_turns,
-            max_seq_len=cfg.max_seq_len,
+            max_seq_len=max_seq_len,
             max_observation_tokens=env_cfg.max_observation_tokens,
             timer=timer,
             turn_barrier=env_cfg.turn_barrier or cfg.generation.backend == "vllm",
