@@ -1,20 +1,9 @@
-"""Math problems for RL: a prompt (chat messages and token ids) and a ground-truth answer."""
+"""Math answers in datasets: the ground truth read as is, after GSM8K's "####", or from MATH's last \\boxed{}."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from posttrain.config.schema import DatasetConfig
-from posttrain.data.sources import DataError, Row, load_rows
-from posttrain.data.tokenize import Message, encode_prompt
-
-
-@dataclass(frozen=True)
-class Problem:
-    messages: list[Message]
-    prompt_ids: list[int]
-    answer: str
+from posttrain.data.sources import DataError, Row
 
 
 def read_answer(row: Row, cfg: DatasetConfig) -> str:
@@ -35,32 +24,3 @@ def read_answer(row: Row, cfg: DatasetConfig) -> str:
             raise DataError(f"{row.where}: no \\boxed{{}} answer in {cfg.answer_key!r}")
         return boxed
     return raw.strip()
-
-
-def build_math_problems(
-    cfg: DatasetConfig,
-    tokenizer: Any,
-    *,
-    prompt_template: str,
-    system_prompt: str | None,
-    max_prompt_len: int,
-) -> list[Problem]:
-    """Rows -> problems; prompts longer than `max_prompt_len` tokens are dropped."""
-    problems = []
-    for row in load_rows(cfg):
-        if cfg.problem_key not in row.data:
-            raise DataError(
-                f"{row.where}: missing key {cfg.problem_key!r} (the row has keys: {', '.join(row.data)})"
-            )
-        content = prompt_template.format(problem=row.data[cfg.problem_key])
-        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-            {"role": "user", "content": content}
-        ]
-        ids = encode_prompt(tokenizer, messages)
-        if len(ids) <= max_prompt_len:
-            problems.append(Problem(messages, ids, read_answer(row, cfg)))
-    if not problems:
-        raise DataError(
-            f"no usable problems in {cfg.path or cfg.reasoning_gym} (all prompts over {max_prompt_len} tokens?)"
-        )
-    return problems
