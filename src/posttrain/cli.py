@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="turn a checkpoint into a Hugging Face folder", parents=[debug])
     export.add_argument("checkpoint", help="a step_* checkpoint folder, or a run directory (its latest)")
     export.add_argument("out_dir")
-    export.add_argument("--dtype", choices=["float32", "bfloat16"], help="cast the weights (default: the run's policy.dtype)")
+    export.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], help="cast the weights (default: the run's policy.dtype)"
+    )
     export.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
     export.set_defaults(func=_export_command)
     doc = sub.add_parser(

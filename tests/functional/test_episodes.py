@@ -215,10 +215,10 @@ def test_continuous_episodes_equal_turn_by_turn_when_greedy(tmp_path_factory, to
     turns end; greedy decoding gives every row the tokens it gets alone, so both loops build the same
     trajectories (ids, masks, logprobs to fp32 rounding, rewards, turns). Tiny random model, real
     environments (the sliding puzzle's observations differ by reply)."""
+    from conftest import make_tiny_model_dir
+
     from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
     from posttrain.models.text_generation import LocalGenerator
-
-    from conftest import make_tiny_model_dir
 
     # a wide init: greedy replies differ by prompt and in length (no near-ties between tokens)
     model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("wide"), tokenizer, initializer_range=0.1)

@@ -1002,9 +1002,7 @@ class SandboxConfig(Strict):
     )
     max_open_files: int = Field(64, ge=16, description="RLIMIT_NOFILE.")
     max_file_mb: int = Field(16, gt=0, description="Largest file the code may write (RLIMIT_FSIZE).")
-    disk_mb: int = Field(
-        64, gt=0, description="Size of the in-memory working directory and of /tmp (each)."
-    )
+    disk_mb: int = Field(64, gt=0, description="Size of the in-memory working directory and of /tmp (each).")
 
 
 # --------------------------------------------------------------------------------- distillation
