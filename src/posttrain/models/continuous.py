@@ -28,44 +28,27 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from posttrain.models.attention import GQA_SDPA_ATTENTION, attention_implementation
-from posttrain.models.sampler import _hits_stop_string, choose_tokens, left_pad
+from posttrain.models.sampler import PreallocatedLayer, _hits_stop_string, choose_tokens, left_pad
 
 
-class SlotLayer(DynamicLayer):
-    """A full-attention KV layer over buffers [B, H, capacity, D], every row right-aligned so that
-    all rows write their next token at the same column `length`."""
+class SlotLayer(PreallocatedLayer):
+    """The sampler's preallocated KV layer (buffers [B, H, capacity, D], writes at column `length`),
+    built from existing keys and values: every row right-aligned so that all rows write their next
+    token at the same column."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
-        super().__init__()
+        super().__init__(capacity)
         batch, heads, length, dim = keys.shape
         self.lazy_initialization(keys, values)
         self.key_buffer = keys.new_zeros(batch, heads, capacity, dim)
         self.value_buffer = values.new_zeros(batch, heads, capacity, values.shape[-1])
         self.key_buffer[:, :, :length] = keys
         self.value_buffer[:, :, :length] = values
-        self.capacity, self.length = capacity, length
-        self._views()
-
-    def _views(self) -> None:
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
-        self.key_buffer[:, :, self.length : end] = key_states
-        self.value_buffer[:, :, self.length : end] = value_states
-        self.length = end
-        self._views()
-        return self.keys, self.values
+        self.length = length
+        self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        self.key_buffer = self.key_buffer.index_select(0, index)
-        self.value_buffer = self.value_buffer.index_select(0, index)
-        self._views()
+        self.batch_select_indices(index)
 
     def get_seq_length(self) -> int:
         return self.length
