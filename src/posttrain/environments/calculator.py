@@ -173,9 +173,9 @@ class CalculatorEnvironment(ToolEnvironment):
             max_tool_calls=max_tool_calls,
             stop_at_tool_call=stop_at_tool_call,
             tools_in_system_prompt=tools_in_system_prompt,
+            system_prompt=system_prompt,
         )
         self.answer_format = answer_format
-        self.system_prompt = system_prompt
 
     def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
         """`count` products: a in 100..999, b in 10..99, drawn from `seed`."""
@@ -188,8 +188,6 @@ class CalculatorEnvironment(ToolEnvironment):
         for task in tasks:
             a, b = int(task["a"]), int(task["b"])
             messages = [{"role": "user", "content": product_prompt(a, b)}]
-            if self.system_prompt is not None:
-                messages.insert(0, {"role": "system", "content": self.system_prompt})
             starts.append(self.start(messages, {**task, "answer": a * b}))
         return starts
 

@@ -101,9 +101,9 @@ class PythonToolEnvironment(ToolEnvironment):
             max_tool_calls=max_tool_calls,
             stop_at_tool_call=stop_at_tool_call,
             tools_in_system_prompt=tools_in_system_prompt,
+            system_prompt=system_prompt,
         )
         self.answer_format = answer_format
-        self.system_prompt = system_prompt
 
     def pool(self) -> Any:
         """The sandbox pool, started on the first call."""
@@ -131,8 +131,6 @@ class PythonToolEnvironment(ToolEnvironment):
         for task in tasks:
             base, exponent = int(task["base"]), int(task["exponent"])
             messages = [{"role": "user", "content": digit_sum_prompt(base, exponent)}]
-            if self.system_prompt is not None:
-                messages.insert(0, {"role": "system", "content": self.system_prompt})
             answer = sum(int(d) for d in str(base**exponent))
             starts.append(self.start(messages, {**task, "answer": answer}))
         return starts

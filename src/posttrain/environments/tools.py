@@ -275,6 +275,7 @@ class ToolEnvironment:
         max_tool_calls: calls allowed per episode.
         stop_at_tool_call: end a turn's generation at `</tool_call>` so that the result comes
             back before the model goes on (one call per turn); False allows several per turn.
+        system_prompt: a system message to begin each episode with (None: the template's default).
         tools_in_system_prompt: write the tools into the system message (`with_tools_in_system_prompt`)
             and offer no `tools=` schemas, for chat templates that ignore `tools=` (SmolLM2; see
             `template_supports_tools`).
@@ -287,15 +288,20 @@ class ToolEnvironment:
         max_tool_calls: int = 4,
         stop_at_tool_call: bool = True,
         tools_in_system_prompt: bool = False,
+        system_prompt: str | None = None,
     ) -> None:
         self.tools = tools
         self.max_tool_calls = max_tool_calls
         self.stop_strings: tuple[str, ...] = (TOOL_CALL_CLOSE,) if stop_at_tool_call else ()
         self.tools_in_system_prompt = tools_in_system_prompt
+        self.system_prompt = system_prompt
 
     def start(self, messages: list[Message], metadata: dict[str, Any]) -> EpisodeStart:
-        """An episode that offers this environment's tools (as `tools=` schemas or in the system prompt)."""
+        """An episode that offers this environment's tools (as `tools=` schemas or in the system
+        prompt), after `system_prompt` when one is set."""
         metadata = {**metadata, "tool_calls": 0, "tool_errors": 0}
+        if self.system_prompt is not None:
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
         if self.tools_in_system_prompt:
             messages = with_tools_in_system_prompt(messages, self.tools.schemas())
             return EpisodeStart(messages, metadata, tools=None, stop_strings=self.stop_strings)
