@@ -632,6 +632,8 @@ class GRPOTrainer:
         except KeyboardInterrupt:
             print_interrupted(self.checkpointer.latest())
             raise
+        except WorkerLostError as e:
+            raise e.with_checkpoint(self.checkpointer.latest()) from None
         finally:
             logger.close()
             if cfg.logging.plots:

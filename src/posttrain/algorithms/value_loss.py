@@ -1,0 +1,85 @@
+"""The critic's loss and diagnostics, as pure torch functions.
+
+Normalisation convention (see ``losses.py``): the loss is a *sum* over this microbatch divided by
+``normalizer``, the GLOBAL count of valid tokens, so summing microbatch losses gives the global
+mean and the gradient does not depend on how the batch was split.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    normalizer: float,
+    clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's (clipped) value loss (Schulman et al. 2017; the form of OpenAI baselines / verl):
+
+        V^clip_t = V_old,t + clamp(V_t − V_old,t, −ε, ε)
+        l_t      = ½ max((V_t − R_t)², (V^clip_t − R_t)²)          (clip = ε)
+        l_t      = ½ (V_t − R_t)²                                   (clip = None)
+        loss     = Σ_t m_t l_t / normalizer
+
+    Args:
+        values: [B, T] V_t from the critic being trained (with grad).
+        old_values: [B, T] the critic's values when the batch was collected (no grad).
+        returns: [B, T] value targets R_t (no grad).
+        mask: [B, T] 1 on tokens that count.
+        normalizer: the global count of valid tokens (> 0).
+        clip: ε; None: unclipped.
+    Returns:
+        loss: scalar tensor.
+        metrics: this microbatch's shares of global token means: value_loss, value_clip_fraction
+            (share of tokens where the clipped branch is strictly the larger: no gradient there),
+            value_mean.
+    """
+    if normalizer <= 0:
+        raise ValueError(f"normalizer must be > 0, got {normalizer}")
+    if clip is not None and clip <= 0:
+        raise ValueError(f"value clip must be > 0 or None, got {clip}")
+    valid = mask.to(torch.bool)
+    zero = torch.zeros_like(values)
+    v = torch.where(valid, values, zero)
+    old = torch.where(valid, old_values.detach().to(values.dtype), zero)
+    target = torch.where(valid, returns.detach().to(values.dtype), zero)
+    unclipped = (v - target) ** 2
+    if clip is None:
+        per_token = unclipped
+        clipped_active = zero
+    else:
+        v_clipped = old + torch.clamp(v - old, -clip, clip)
+        clipped = (v_clipped - target) ** 2
+        per_token = torch.maximum(unclipped, clipped)
+        clipped_active = (clipped > unclipped).to(values.dtype)
+    loss = 0.5 * torch.where(valid, per_token, zero).sum() / normalizer
+    metrics = {
+        "value_loss": float(loss.detach()),
+        "value_clip_fraction": float(torch.where(valid, clipped_active, zero).sum() / normalizer),
+        "value_mean": float(v.detach().sum() / normalizer),
+    }
+    return loss, metrics
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """How much of the returns' variance the values explain, over the valid tokens:
+
+        EV = 1 − Var(R − V) / Var(R)        (population variances)
+
+    1: perfect prediction; 0: no better than a constant; negative: worse than one. Defined as 0
+    when Var(R) = 0 or fewer than two tokens are valid. Shapes: [B, T] x3 -> float.
+    """
+    valid = mask.to(torch.bool)
+    r = returns.detach().to(torch.float64)[valid]
+    v = values.detach().to(torch.float64)[valid]
+    if r.numel() < 2:
+        return 0.0
+    var_r = r.var(unbiased=False)
+    if var_r == 0:
+        return 0.0
+    return float(1.0 - (r - v).var(unbiased=False) / var_r)
