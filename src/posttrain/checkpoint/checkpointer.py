@@ -14,6 +14,7 @@ turns it into a standalone Hugging Face folder.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -25,10 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from posttrain.errors import MissingFileError
+from posttrain.errors import DiskFullError, MissingFileError
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
+DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
+DISK_FULL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -115,10 +119,26 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step:06d}"
         with atomic_directory(final) as tmp:
-            write(tmp)
-            (tmp / COMPLETE).write_text(json.dumps({"step": step, **(meta or {})}))
+            try:
+                write(tmp)
+                (tmp / COMPLETE).write_text(json.dumps({"step": step, **(meta or {})}))
+            except Exception as e:
+                if disk_full(e, tmp):  # raised before the partial folder is removed, to measure its disk
+                    raise self.disk_full_error(final) from e
+                raise
         self.prune()
         return final
+
+    def disk_full_error(self, final: Path) -> DiskFullError:
+        """What a user reads when a save ran out of space: the partial write is gone, the previous
+        checkpoint is intact, and how to go on."""
+        previous = self.latest()
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        return DiskFullError(
+            f"no space left on device to write checkpoint {final.name} under {self.root}; the partial "
+            f"write was removed and {kept}. Free space there "
+            "(or lower checkpoint.keep_last) and run the same command to resume."
+        )
 
     def info(self, path: Path) -> CheckpointInfo:
         """Step and ranking score read back from a checkpoint's COMPLETE file."""
@@ -187,6 +207,24 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def disk_full(error: BaseException, directory: Path) -> bool:
+    """Whether a write into `directory` failed for lack of space: `error` (or an exception it wraps:
+    `__cause__`, or a worker's exception in `.cause`) is ENOSPC / EDQUOT / EFBIG or says so, or the
+    disk has less than `DISK_FULL_BYTES` left (torch.save reports a full disk as a bare
+    "unexpected pos" RuntimeError)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(text in str(seen) for text in DISK_FULL_TEXTS):
+            return True
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    try:
+        return shutil.disk_usage(directory).free < DISK_FULL_BYTES
+    except OSError:
+        return False
 
 
 def _fsync_dir(path: Path) -> None:

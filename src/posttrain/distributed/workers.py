@@ -13,10 +13,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from posttrain.config.schema import ClusterConfig
+from posttrain.errors import WorkerLostError
 
 
 class WorkerError(RuntimeError):
-    """An exception inside a worker; the message holds the worker's name and traceback."""
+    """An exception inside a worker; the message holds the worker's name and traceback. `cause`: the
+    worker's own exception when Ray could rebuild it (an OSError from a full disk, say)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class LocalWorkers:
@@ -124,11 +130,29 @@ def get_named(refs: list, names: Sequence[str]) -> list[Any]:
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
-        try:
-            ray.get(done[0])
-        except ray.exceptions.RayError as e:
-            raise WorkerError(f"worker {names[index[done[0]]]} failed:\n{e}") from None
+        _raise_if_failed(done[0], names[index[done[0]]])
     return ray.get(refs)
+
+
+def _raise_if_failed(ref: Any, name: str) -> None:
+    """ray.get a finished ref; a dead worker process raises `WorkerLostError` (a re-run resumes), an
+    exception inside the worker `WorkerError` with its traceback (a bug or a bad input)."""
+    import ray
+
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayActorError as e:
+        raise WorkerLostError(name, _death_reason(e)) from None
+    except ray.exceptions.RayError as e:
+        cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else None
+        raise WorkerError(f"worker {name} failed:\n{e}", cause) from None
+
+
+def _death_reason(error: BaseException) -> str:
+    """Ray's account of an actor's death in one line: the first sentence of its message."""
+    text = " ".join(str(error).split())
+    reason = text.split(". ")[0].removeprefix("The actor died unexpectedly before finishing this task")
+    return reason.strip(" .:") or "its process exited: killed, out of memory, or its node was lost"
 
 
 def run_concurrently(
@@ -188,10 +212,7 @@ def _wait_all(refs: list, names: Sequence[str], local: list, timeout_s: float | 
 
             done, pending = ray.wait(pending, num_returns=1, timeout=0.05)
             for ref in done:
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayError as e:
-                    raise WorkerError(f"worker {names[index[ref]]} failed:\n{e}") from None
+                _raise_if_failed(ref, names[index[ref]])
         else:
             concurrent.futures.wait(local, timeout=0.05, return_when=concurrent.futures.FIRST_EXCEPTION)
     for future in local:

@@ -34,6 +34,7 @@ from posttrain.distributed.actor_group import GenerationGroup
 from posttrain.distributed.refit_check import check_refit
 from posttrain.distributed.teacher_group import StudentGroup, TeacherGroup, teacher_worker_kwargs
 from posttrain.environments.group import EnvironmentGroup
+from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
 from posttrain.models.actor import refit_cast_dtype
@@ -459,6 +460,8 @@ class DistillTrainer:
         except KeyboardInterrupt:
             print_interrupted(self.checkpointer.latest())
             raise
+        except WorkerLostError as e:
+            raise e.with_checkpoint(self.checkpointer.latest()) from None
         finally:
             logger.close()
             if cfg.logging.plots:

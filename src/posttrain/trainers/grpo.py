@@ -41,6 +41,7 @@ from posttrain.data.tasks import Task
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import check_refit
 from posttrain.environments.group import EnvironmentGroup
+from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
 from posttrain.models.actor import refit_cast_dtype

@@ -27,6 +27,7 @@ from posttrain.data.preference import (
     collate_pairs,
 )
 from posttrain.distributed.policy_group import PolicyGroup
+from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_curves
 from posttrain.models.tokenizer import load_tokenizer
@@ -164,6 +165,8 @@ class PreferenceTrainer:
         except KeyboardInterrupt:
             print_interrupted(self.checkpointer.latest())
             raise
+        except WorkerLostError as e:
+            raise e.with_checkpoint(self.checkpointer.latest()) from None
         finally:
             logger.close()
             plot_curves(self.run_dir, list(self.plots))

@@ -24,6 +24,7 @@ from posttrain.config.schema import SFTConfig
 from posttrain.data.batching import EpochSampler, TokenBatch, collate
 from posttrain.data.sft import SFTDataset, build_sft_dataset
 from posttrain.distributed.policy_group import PolicyGroup
+from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_run
 from posttrain.models.tokenizer import load_tokenizer
@@ -132,6 +133,8 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
     except KeyboardInterrupt:
         print_interrupted(checkpointer.latest())
         raise
+    except WorkerLostError as e:
+        raise e.with_checkpoint(checkpointer.latest()) from None
     finally:
         if logger:
             logger.close()
