@@ -40,6 +40,32 @@ class SchedulerConfig(Strict):
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
 
 
+class LoraConfig(Strict):
+    """LoRA adapters on the policy (peft; `pip install 'posttrain[lora]'`). Only the adapters (and a
+    reward model's score head) are trained; the base weights stay frozen. See docs/lora.md."""
+
+    rank: int = Field(16, gt=0, description="r: the rank of each adapter (B [out, r] @ A [r, in]).")
+    alpha: float = Field(32.0, gt=0, description="The adapter's output is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on each adapter's input while training.")
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear",
+        description="The Linear layers to adapt: all-linear (every Linear of the decoder, not the output "
+        "layer), or module names / suffixes such as [q_proj, v_proj].",
+    )
+    init: Literal["default", "gaussian"] = Field(
+        "default",
+        description="How A is initialised (default: Kaiming-uniform, gaussian: N(0, 1/r)); B starts at zero "
+        "either way, so step 0 computes the base model.",
+    )
+    rslora: bool = Field(False, description="Scale by alpha / sqrt(rank) instead of alpha / rank (rsLoRA).")
+
+    @model_validator(mode="after")
+    def _targets(self) -> LoraConfig:
+        if isinstance(self.target_modules, list) and not self.target_modules:
+            raise ValueError("policy.lora.target_modules is empty; name Linear modules or use all-linear")
+        return self
+
+
 class PolicyConfig(Strict):
     """The trained model and how one optimizer step is computed."""
 
@@ -85,9 +111,20 @@ class PolicyConfig(Strict):
         description="Shard parameters, gradients and optimizer state over the policy workers with FSDP2 "
         "(fully_shard): NCCL on GPUs; on CPU it runs over gloo (tested, slower than plain data parallelism).",
     )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train LoRA adapters instead of every weight (null: full fine-tuning). The reference "
+        "model is the base with the adapters off; refits send merged weights; checkpoints hold the adapter.",
+    )
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     seed: int = 0
+
+    @property
+    def split_weights(self) -> bool:
+        """No process holds the generator's weights as plain parameters: FSDP2 shards them, LoRA keeps
+        them as base + adapter (refits compute the merged tensors)."""
+        return self.fsdp or self.lora is not None
 
 
 # --------------------------------------------------------------------------------- data
@@ -401,7 +438,8 @@ class GenerationConfig(Strict):
 
     def resolved_refit_transport(self, cluster: ClusterConfig, sharded: bool = False) -> RefitTransport:
         """The transport `auto` stands for on this cluster (an explicit choice is returned as is).
-        `sharded`: the policy is sharded with FSDP2 (its weights are not whole in any one process)."""
+        `sharded`: no process holds the generator's weights as plain parameters (FSDP2 or LoRA, see
+        `PolicyConfig.split_weights`)."""
         if self.refit_transport != "auto":
             return self.refit_transport
         if cluster.gpus_per_node == 0 and cluster.num_nodes == 1 and not sharded:
@@ -416,7 +454,8 @@ class GenerationConfig(Strict):
         if transport == "shared_memory" and sharded:
             raise ValueError(
                 "generation.refit_transport=shared_memory cannot serve an FSDP2-sharded policy "
-                "(policy.fsdp=true): no process holds the whole weights. Use refit_transport=auto"
+                "(policy.fsdp=true) or a LoRA policy (policy.lora): no process holds the generator's "
+                "weights as plain parameters. Use refit_transport=auto"
             )
         if transport == "shared_memory" and (cluster.gpus_per_node > 0 or cluster.num_nodes > 1):
             raise ValueError(
@@ -583,7 +622,12 @@ class RewardScalingConfig(Strict):
 class AdvantageConfig(Strict):
     """Advantages from rewards (see posttrain.algorithms.advantages and docs/algorithms.md)."""
 
-    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "on_policy_distill"] = Field(
+        "grpo",
+        description="on_policy_distill: per-token A_t = distill_coef * (log pi_T(a_t) - log pi_S(a_t)) from "
+        "a teacher (the `teacher` section), plus distill_reward_weight times the grpo advantage of the "
+        "environment's rewards.",
+    )
     normalize_std: bool = Field(True, description="grpo: divide by the group's reward std.")
     leave_one_out: bool = Field(
         False, description="grpo: baseline = mean of the OTHER samples of the group (RLOO's baseline)."
@@ -595,12 +639,24 @@ class AdvantageConfig(Strict):
     )
     clip: float | None = Field(None, gt=0, description="Clamp advantages to [-clip, clip]; null: off.")
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
+    distill_coef: float = Field(
+        1.0, gt=0, description="on_policy_distill: weight of the teacher-minus-student log-probability."
+    )
+    distill_reward_weight: float = Field(
+        0.0,
+        ge=0,
+        description="on_policy_distill: weight of the environment reward's grpo advantage added to every "
+        "token (0: distillation only).",
+    )
+    teacher_temperature: float = Field(
+        1.0, gt=0, description="on_policy_distill: the teacher's log-probabilities are of softmax(logits / T)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AdvantageConfig:
         if self.leave_one_out_std and not self.leave_one_out:
             raise ValueError("advantage.leave_one_out_std needs advantage.leave_one_out=true")
-        if self.estimator != "grpo" and (
+        if self.estimator not in ("grpo", "on_policy_distill") and (
             self.leave_one_out or self.leave_one_out_std or not self.normalize_std
         ):
             config_warning(
@@ -657,6 +713,9 @@ class GRPOConfig(Strict):
     loss: LossConfig = LossConfig()
     dapo: DAPOConfig = DAPOConfig()
     grpo: GRPOTrainerConfig = GRPOTrainerConfig()
+    teacher: TeacherConfig | None = Field(
+        None, description="The teacher of advantage.estimator=on_policy_distill (required by it, else unused)."
+    )
     cluster: ClusterConfig = ClusterConfig()
     checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
     logging: LoggingConfig = LoggingConfig()
@@ -664,7 +723,7 @@ class GRPOConfig(Strict):
     @model_validator(mode="after")
     def _refit_transport_fits_cluster(self) -> GRPOConfig:
         if self.generation.placement == "split":
-            self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
+            self.generation.check_refit_transport(self.cluster, sharded=self.policy.split_weights)
         return self
 
     @model_validator(mode="after")
@@ -686,6 +745,25 @@ class GRPOConfig(Strict):
                 "engine that differs from the trainer, but generation.backend=hf colocated samples with the "
                 "trainer's own model and weights (ratio 1 up to rounding): it has no effect here"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_for_distill_advantage(self) -> GRPOConfig:
+        distill = self.advantage.estimator == "on_policy_distill"
+        has_teacher = self.teacher is not None and self.teacher.model_name is not None
+        if distill and not has_teacher:
+            raise ValueError(
+                "advantage.estimator=on_policy_distill needs a teacher: set teacher.model_name (a posttrain "
+                "run directory, checkpoint or HF folder with the policy's tokenizer)"
+            )
+        if self.teacher is not None and not distill:
+            raise ValueError(
+                "the teacher section is used only by advantage.estimator=on_policy_distill; set that "
+                "estimator or remove the teacher"
+            )
+        if distill and self.teacher.placement == "split" and self.cluster.backend == "local":
+            if self.teacher.num_workers > 1:
+                raise ValueError("teacher.num_workers > 1 needs cluster.backend=ray")
         return self
 
     @model_validator(mode="after")
@@ -1101,7 +1179,7 @@ class DistillConfig(Strict):
     @model_validator(mode="after")
     def _placements_fit_cluster(self) -> DistillConfig:
         if self.generation.placement == "split":
-            self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
+            self.generation.check_refit_transport(self.cluster, sharded=self.policy.split_weights)
         if self.cluster.backend == "local" and self.teacher.num_workers > 1:
             raise ValueError(
                 f"teacher.num_workers={self.teacher.num_workers} with cluster.backend=local: the local "
@@ -1120,3 +1198,161 @@ class DistillConfig(Strict):
 
 
 ALGORITHM_CONFIGS["distill"] = DistillConfig
+
+
+# --------------------------------------------------------------------------------- PPO
+class CriticConfig(Strict):
+    """The value model of `posttrain ppo`: a causal LM's decoder with a zero-initialised scalar head,
+    trained by its own AdamW on the clipped value loss."""
+
+    model_name: str | None = Field(
+        None, description="The backbone (an alias, HF folder or hub id); null: the policy's model."
+    )
+    placement: Literal["colocated", "split"] = Field(
+        "colocated",
+        description="colocated: the critic is held in every policy worker, on its device (like the "
+        "reference model; the policy and the critic never compute at the same time). split: critic "
+        "workers of their own (Ray actors with critic.cpus_per_worker CPUs and, with GPUs, one GPU each; "
+        "one in-process worker with cluster.backend=local). On a CPU machine leave them room: "
+        "cluster.cpus_per_worker defaults to all cores.",
+    )
+    num_workers: int = Field(1, gt=0, description="Data-parallel critic workers (split placement).")
+    cpus_per_worker: int = Field(1, gt=0, description="CPU cores per critic worker (split placement).")
+    dtype: Literal["float32", "bfloat16"] | None = Field(
+        None, description="Compute dtype (weights and AdamW state stay fp32); null: policy.dtype."
+    )
+    optimizer: OptimizerConfig = Field(
+        default_factory=lambda: OptimizerConfig(lr=5e-5, max_grad_norm=1.0),
+        description="The critic's own AdamW and learning rate.",
+    )
+    scheduler: SchedulerConfig = Field(
+        default_factory=lambda: SchedulerConfig(name="constant", warmup_steps=0)
+    )
+    value_clip: float | None = Field(
+        0.5,
+        gt=0,
+        description="ε of the clipped value loss: V is kept within ±ε of the values the batch was "
+        "collected with (null: plain squared error).",
+    )
+    train_micro_batch_size: int = Field(8, gt=0, description="Sequences per forward/backward on one worker.")
+    batch_size: int = Field(16, gt=0, description="Sequences per forward when computing values.")
+    activation_checkpointing: bool = False
+
+    def policy_config(self, policy: PolicyConfig) -> PolicyConfig:
+        """The `PolicyConfig` the critic's workers run (sequence length, packing and seed: the policy's)."""
+        return PolicyConfig(
+            model_name=self.model_name or policy.model_name,
+            dtype=self.dtype or policy.dtype,
+            max_seq_len=policy.max_seq_len,
+            train_micro_batch_size=self.train_micro_batch_size,
+            logprob_batch_size=self.batch_size,
+            packed_sequences=policy.packed_sequences,
+            activation_checkpointing=self.activation_checkpointing,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            seed=policy.seed,
+        )
+
+
+class GAEConfig(Strict):
+    """Per-token rewards and generalised advantage estimation (see posttrain.algorithms.gae, docs/ppo.md)."""
+
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount γ per assistant token.")
+    lam_critic: float = Field(
+        1.0, ge=0, le=1, description="GAE λ of the value targets R = A + V (1: Monte-Carlo returns)."
+    )
+    lam_actor: float = Field(0.95, ge=0, le=1, description="GAE λ of the policy's advantages.")
+    lam_actor_alpha: float | None = Field(
+        None,
+        gt=0,
+        description="VAPO's length-adaptive λ for the policy: λ = 1 − 1/(α·l), l the sequence's "
+        "assistant tokens (clamped to [0, 1]); replaces lam_actor. VAPO: 0.05.",
+    )
+    whiten: bool = Field(
+        True, description="Standardise the policy's advantages over the batch's assistant tokens."
+    )
+    clip: float | None = Field(
+        None, gt=0, description="Clamp the (whitened) advantages to [-clip, clip]; null: off."
+    )
+    reward_scaling: RewardScalingConfig = Field(
+        default_factory=RewardScalingConfig,
+        description="Applied to each episode's total reward; the change lands on its last assistant token.",
+    )
+
+
+class PPOTrainerConfig(GRPOTrainerConfig):
+    """The PPO loop: prompts and samples per step, critic warm-up, epochs and minibatches."""
+
+    prompts_per_step: int = Field(32, gt=0)
+    generations_per_prompt: int = Field(
+        1, gt=0, description="Samples per prompt (the critic is the baseline: 1 is enough)."
+    )
+    updates_per_batch: int = Field(
+        1, gt=0, description="Minibatches per PPO epoch (optimizer steps per epoch, policy and critic)."
+    )
+    ppo_epochs: int = Field(2, gt=0, description="Passes over each rollout batch.")
+    critic_warmup_steps: int = Field(
+        5, ge=0, description="The first N steps train only the critic (the policy stays as it is)."
+    )
+
+
+class PPOConfig(Strict):
+    """`posttrain ppo`: PPO with a learned critic and GAE, on GRPO's rollouts, environments and losses."""
+
+    policy: PolicyConfig = PolicyConfig(
+        optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
+        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
+        max_seq_len=128,
+        train_micro_batch_size=8,
+        logprob_batch_size=16,
+    )
+    critic: CriticConfig = CriticConfig()
+    data: GRPODataConfig = GRPODataConfig()
+    generation: GenerationConfig = GenerationConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
+    advantage: GAEConfig = GAEConfig()
+    loss: LossConfig = LossConfig()
+    dapo: DAPOConfig = Field(
+        default_factory=DAPOConfig,
+        description="overlong_filter and the soft overlong penalty apply; dynamic sampling does not.",
+    )
+    ppo: PPOTrainerConfig = PPOTrainerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
+    logging: LoggingConfig = LoggingConfig(run_dir="runs/ppo")
+
+    @property
+    def grpo(self) -> PPOTrainerConfig:
+        """The loop settings under the name the shared RL phases (GRPOTrainer's) read."""
+        return self.ppo
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PPOConfig:
+        if self.generation.placement == "split":
+            self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
+        if self.dapo.dynamic_sampling:
+            raise ValueError(
+                "dapo.dynamic_sampling drops groups whose rewards are all equal, which PPO's critic "
+                "baseline does not need (and a group of one sample always has): set it to false"
+            )
+        if self.critic.placement == "split" and self.cluster.backend == "local" and self.critic.num_workers > 1:
+            raise ValueError(
+                f"critic.num_workers={self.critic.num_workers} with cluster.backend=local: the local "
+                "backend runs one in-process worker per group; set critic.num_workers=1 or cluster.backend=ray"
+            )
+        p = self.ppo
+        batch = p.prompts_per_step * p.generations_per_prompt
+        policy_workers = self.cluster.policy_workers()
+        critic_workers = self.critic.num_workers if self.critic.placement == "split" else policy_workers
+        for name, workers in (("policy", policy_workers), ("critic", critic_workers)):
+            if batch % (p.updates_per_batch * workers) and not (workers == 1 and p.updates_per_batch <= batch):
+                raise ValueError(
+                    f"ppo.updates_per_batch={p.updates_per_batch} does not split the batch of {batch} "
+                    f"sequences (ppo.prompts_per_step x ppo.generations_per_prompt) into minibatches that "
+                    f"divide evenly over the {workers} {name} worker(s); make the batch a multiple of "
+                    "updates_per_batch x workers"
+                )
+        return self
+
+
+ALGORITHM_CONFIGS["ppo"] = PPOConfig

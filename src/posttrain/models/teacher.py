@@ -78,6 +78,41 @@ def check_same_tokenizer(student: Any, teacher: Any, *, student_name: str, teach
         )
 
 
+def model_vocab_size(path: str) -> int | None:
+    """The number of rows of a model's output layer, from its config (None if it does not say)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return getattr(config, "vocab_size", None)
+
+
+def prepare_teacher(
+    model_name: str | None,
+    tokenizer_name: str | None,
+    *,
+    student_tokenizer: Any,
+    student_path: str,
+    student_name: str,
+) -> tuple[str, int | None]:
+    """(the teacher's model folder, the vocabulary size to cut its logits to or None) after checking
+    that its tokenizer is the student's. The teacher's extra output rows (a larger padded embedding)
+    are ids the student cannot produce, so its logits are cut to the student's vocabulary."""
+    from posttrain.models.tokenizer import load_tokenizer
+
+    teacher_path, teacher_tokenizer = resolve_teacher(model_name, tokenizer_name)
+    check_same_tokenizer(
+        student_tokenizer,
+        load_tokenizer(teacher_tokenizer),
+        student_name=student_name,
+        teacher_name=str(model_name),
+    )
+    student_vocab, teacher_vocab = model_vocab_size(student_path), model_vocab_size(teacher_path)
+    cut = student_vocab if student_vocab and teacher_vocab and teacher_vocab > student_vocab else None
+    return teacher_path, cut
+
+
 class Teacher:
     """One teacher worker: the frozen model on its device, scoring batches microbatch by microbatch."""
 

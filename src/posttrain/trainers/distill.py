@@ -41,7 +41,7 @@ from posttrain.models.actor import refit_cast_dtype
 from posttrain.models.distill_logprobs import StudentTopK
 from posttrain.models.generation import SamplingParams
 from posttrain.models.student import DistillBatch
-from posttrain.models.teacher import check_same_tokenizer, resolve_teacher
+from posttrain.models.teacher import prepare_teacher
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import (
     Rollouts,
@@ -137,16 +137,6 @@ class DistillResult:
     stopped_by_deadline: bool = False
 
 
-def model_vocab_size(path: str) -> int | None:
-    """The number of rows of a model's output layer, from its config (None if it does not say)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(path)
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    return getattr(config, "vocab_size", None)
-
-
 class DistillTrainer:
     """Holds the student, teacher, generation and environment workers of one run; `fit()` is the loop."""
 
@@ -159,16 +149,13 @@ class DistillTrainer:
         self.model_path = resolve_model(cfg.policy.model_name)
         tokenizer_path = cfg.policy.tokenizer_name or self.model_path
         self.tokenizer = load_tokenizer(tokenizer_path)
-        teacher_path, teacher_tokenizer = resolve_teacher(cfg.teacher.model_name, cfg.teacher.tokenizer_name)
-        check_same_tokenizer(
-            self.tokenizer,
-            load_tokenizer(teacher_tokenizer),
+        teacher_path, cut = prepare_teacher(
+            cfg.teacher.model_name,
+            cfg.teacher.tokenizer_name,
+            student_tokenizer=self.tokenizer,
+            student_path=self.model_path,
             student_name=cfg.policy.model_name,
-            teacher_name=str(cfg.teacher.model_name),
         )
-        student_vocab, teacher_vocab = model_vocab_size(self.model_path), model_vocab_size(teacher_path)
-        # the teacher's extra rows (a larger padded embedding) are ids the student cannot produce
-        cut = student_vocab if student_vocab and teacher_vocab and teacher_vocab > student_vocab else None
         max_prompt = cfg.policy.max_seq_len - cfg.generation.max_new_tokens
         if max_prompt <= 0:
             raise ValueError(
@@ -185,7 +172,7 @@ class DistillTrainer:
         policy_cfg = cfg.policy.model_copy(update={"logprob_temperature": cfg.generation.temperature or 1.0})
         self.split = cfg.generation.placement == "split"
         transport = (
-            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.fsdp) if self.split else None
+            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.split_weights) if self.split else None
         )
         colocated_teacher = cfg.teacher.placement == "colocated"
         self.policy = StudentGroup(

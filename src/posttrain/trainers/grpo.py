@@ -28,6 +28,7 @@ from posttrain.algorithms.advantages import (
     clip_advantages,
     compute_advantages,
     kl_penalized_rewards,
+    on_policy_distill_advantages,
     reinforce_pp_advantages,
     scale_rewards,
 )
@@ -40,12 +41,14 @@ from posttrain.data.batching import EpochSampler
 from posttrain.data.tasks import Task
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import check_refit
+from posttrain.distributed.teacher_group import StudentGroup, TeacherGroup, teacher_worker_kwargs
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
 from posttrain.models.actor import refit_cast_dtype
 from posttrain.models.generation import SamplingParams
+from posttrain.models.teacher import prepare_teacher
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import (
     RLBatch,
@@ -146,14 +149,38 @@ def rl_advantages(
     kl: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     kl_beta: float = 0.0,
+    teacher_logprobs: torch.Tensor | None = None,
+    student_logprobs: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Advantages for the configured estimator, [N] (or [N, T] for reinforce_pp with a KL reward).
+    """Advantages for the configured estimator, [N] (or [N, T] for reinforce_pp with a KL reward and
+    for on_policy_distill).
 
     ``kl`` ([N, T] per-token KL(π || π_ref) estimates, no gradient) puts the KL into the reward:
     group estimators see r_i - β Σ_t KL_it (``kl_penalized_rewards``); reinforce_pp gets it per
     token, r_i - β Σ_{s>=t} KL_is (``reinforce_pp_advantages``), as REINFORCE++ does.
-    Then ``advantage.clip``.
+    on_policy_distill ([N, T] teacher and student log-probabilities of the sampled tokens):
+    distill_coef (log π_T - log π_S) per token, plus distill_reward_weight times the grpo advantage
+    of the (KL-penalised) rewards on every token of the sample. Then ``advantage.clip``.
     """
+    if adv.estimator == "on_policy_distill":
+        if teacher_logprobs is None or student_logprobs is None or mask is None:
+            raise ValueError("on_policy_distill needs teacher_logprobs, student_logprobs and mask")
+        advantages = on_policy_distill_advantages(
+            teacher_logprobs, student_logprobs, mask, coef=adv.distill_coef
+        )
+        if adv.distill_reward_weight > 0:
+            if kl is not None:
+                rewards = kl_penalized_rewards(rewards, kl, mask, kl_beta=kl_beta)
+            group = compute_advantages(
+                "grpo",
+                rewards,
+                group_ids,
+                normalize_std=adv.normalize_std,
+                leave_one_out=adv.leave_one_out,
+                leave_one_out_std=adv.leave_one_out_std,
+            )
+            advantages = advantages + adv.distill_reward_weight * group[:, None].to(advantages.dtype) * mask
+        return clip_advantages(advantages, adv.clip)
     if adv.estimator == "reinforce_pp":
         advantages = reinforce_pp_advantages(rewards, group_ids, kl=kl, mask=mask, kl_beta=kl_beta)
     else:
@@ -242,6 +269,13 @@ class GRPOResult:
 class GRPOTrainer:
     """Holds the workers and data of one run; `fit()` is the loop."""
 
+    policy_group_cls: type[ActorGroup] = ActorGroup
+    """The policy's worker group; a subclass's workers may hold more models (PPO: a colocated critic)."""
+
+    def policy_worker_kwargs(self) -> dict[str, Any]:
+        """Extra constructor arguments of the policy workers (GRPO: none)."""
+        return {}
+
     def __init__(self, cfg: GRPOConfig) -> None:
         self.cfg = cfg
         self.run_dir = prepare_run_dir(cfg.logging.run_dir, "grpo", cfg)
@@ -267,9 +301,10 @@ class GRPOTrainer:
         policy_cfg = cfg.policy.model_copy(update={"logprob_temperature": cfg.generation.temperature or 1.0})
         self.split = cfg.generation.placement == "split"
         transport = (
-            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.fsdp) if self.split else None
+            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.split_weights) if self.split else None
         )
-        self.policy = ActorGroup(
+        teacher_path, teacher_cut, held_teacher = self.teacher_setup()
+        self.policy = (StudentGroup if held_teacher else self.policy_group_cls)(
             policy_cfg,
             cfg.cluster,
             model_path=self.model_path,
@@ -279,6 +314,15 @@ class GRPOTrainer:
             generation=None if cfg.generation.placement == "split" else cfg.generation,
             # generation workers map the policy's weights, which then live in shared memory
             shared_weights=transport == "shared_memory",
+            **self.policy_worker_kwargs(),
+            **({"teacher": held_teacher} if held_teacher else {}),
+        )
+        self.teacher = (
+            TeacherGroup(
+                cfg.teacher, cfg.cluster, model_path=teacher_path, vocab_size=teacher_cut, student=self.policy
+            )
+            if cfg.teacher is not None
+            else None
         )
         self.generator: ActorGroup | GenerationGroup = self.policy
         # weights move to a separate engine after every update: split workers or a colocated vLLM
@@ -310,6 +354,33 @@ class GRPOTrainer:
         probe_tasks = self.train_problems[: cfg.generation.refit_check.prompts]
         starts = start_episodes(self.environment, probe_tasks, list(range(len(probe_tasks))))
         self.probe_prompts = [prompt_ids_of(self.tokenizer, s) for s in starts]
+
+    def teacher_setup(self) -> tuple[str | None, int | None, dict[str, Any] | None]:
+        """on_policy_distill: (teacher folder, vocabulary cut, the teacher's worker arguments when the
+        policy workers hold it (colocated) else None); (None, None, None) without a teacher."""
+        cfg = self.cfg
+        if cfg.teacher is None:
+            return None, None, None
+        path, cut = prepare_teacher(
+            cfg.teacher.model_name,
+            cfg.teacher.tokenizer_name,
+            student_tokenizer=self.tokenizer,
+            student_path=self.model_path,
+            student_name=cfg.policy.model_name,
+        )
+        held = teacher_worker_kwargs(cfg.teacher, model_path=path, vocab_size=cut)
+        return path, cut, held if cfg.teacher.placement == "colocated" else None
+
+    def teacher_logprobs(self, batch: RLBatch) -> torch.Tensor:
+        """[N, T] the teacher's log-probability of every generated token (0 elsewhere); only the
+        sampled token's value travels (top-1 of the teacher's payload is ignored)."""
+        with self.timer("teacher"):
+            scores = self.teacher.topk(batch, 1, self.cfg.advantage.teacher_temperature)
+        selected = batch.loss_mask.bool().clone()
+        selected[:, 0] = False
+        out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+        out[selected] = scores.sampled_logprob.float()
+        return out
 
     def build_tasks(self, split: DatasetConfig, max_prompt_len: int) -> list[Task]:
         """A split's tasks (rows, or the environment's own), prompts over `max_prompt_len` dropped."""
@@ -424,8 +495,24 @@ class GRPOTrainer:
             )
             kl = torch.where(batch.loss_mask.bool(), kl, torch.zeros_like(kl))
             metrics["reward/kl_penalty"] = float(loss.kl_beta * kl.sum(-1).mean())
+        teacher_lp = student_lp = None
+        if self.teacher is not None:
+            self.add_logprobs(batch)  # π_old, when the batch gets several updates
+            teacher_lp = self.teacher_logprobs(batch)
+            student_lp = batch.old_logprobs if batch.old_logprobs is not None else batch.generation_logprobs
+            m = batch.loss_mask
+            tokens = m.sum().clamp(min=1)
+            metrics["distill/teacher_logprob"] = float((teacher_lp * m).sum() / tokens)
+            metrics["distill/reverse_kl"] = float(((student_lp - teacher_lp) * m).sum() / tokens)
         batch.advantages = rl_advantages(
-            cfg.advantage, rewards, rollouts.group_ids, kl=kl, mask=batch.loss_mask, kl_beta=loss.kl_beta
+            cfg.advantage,
+            rewards,
+            rollouts.group_ids,
+            kl=kl,
+            mask=batch.loss_mask,
+            kl_beta=loss.kl_beta,
+            teacher_logprobs=teacher_lp,
+            student_logprobs=student_lp,
         )
         if cfg.dapo.overlong_filter:
             batch.loss_mask = batch.loss_mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
@@ -553,6 +640,8 @@ class GRPOTrainer:
 
     def shutdown(self) -> None:
         self.environment.shutdown()
+        if self.teacher is not None:
+            self.teacher.shutdown()
         if self.split:
             self.generator.shutdown()
         self.policy.shutdown()
