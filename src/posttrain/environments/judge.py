@@ -1,18 +1,42 @@
-"""LLM-as-judge (pointwise): a judge model reads the question and the reply and writes a score.
+"""LLM-as-judge: a judge model reads the question and the reply (or two replies) and writes a verdict.
 
-    env = JudgeEnvironment(model="smollm2-135m-instruct")        # a local transformers model
-    env = JudgeEnvironment(backend=FunctionJudge(my_rule))         # any function prompts -> texts
+    env = JudgeEnvironment()                                       # pointwise, local SmolLM2
+    env = JudgeEnvironment(mode="pairwise", backend="http", base_url="http://127.0.0.1:8000/v1",
+                           model="smollm2")                        # any OpenAI-compatible server
+    env = JudgeEnvironment(mode="reference", backend=FunctionJudge(my_rule))
 
-Per sample the judge gets `prompt_template` filled with the task's question (the first user
-message), the reply (the last assistant message) and, when the task has one, its `reference`
-answer. The score is the last match of `pattern` (one group, a number) in the judge's text; a
-score in [min_score, max_score] becomes the reward (min_score, max_score) -> (0, 1), linearly.
-A judge text without a score in range, or a backend that raises, leaves the sample out of the
-loss (`scored=False`, reward 0) instead of scoring it 0. Verdicts are cached by the exact judge
-prompt (LRU, `cache_size` entries): a repeated (question, reply) pair is not judged again.
+Modes (the question is the first user message, a reply the last assistant message):
 
-Metrics: `env/judge_score_mean` (over parsed samples), `env/judge_parse_failures`,
-`env/judge_errors`, `env/judge_cache_hits`, `env/judge_latency_s` (time in the backend this step).
+- pointwise: the judge rates each reply; the last match of `pattern` (a number) in its text, in
+  [min_score, max_score], maps linearly to a reward in [0, 1]. The task's `reference`, when it has
+  one, is shown to the judge.
+- pairwise: the replies that share a prompt (a GRPO group) are compared pair by pair, each pair
+  judged in both orders (A/B and B/A) so that a judge's preference for a position cancels. The
+  judge ends with "Winner: A", "Winner: B" or "Winner: tie"; a win is 1 point, a tie 0.5, and a
+  sample's reward is its points over its judged comparisons (its win rate). Identical replies tie
+  without a judge call. Comparisons the judge failed on are left out; a sample with none left is
+  masked. Whole groups must reach one environment worker (environment.num_workers: 1).
+- reference: a verifier first (math-verify of the last \\boxed{} against the task's `reference`,
+  or its `answer`): a match is reward 1 without the judge; otherwise the judge decides whether the
+  reply matches the reference ("Verdict: yes" -> 1, "Verdict: no" -> 0).
+
+A judge reply without a verdict (a parse failure) or a backend failure (after its retries) leaves
+the sample out of the loss (`scored=False`, reward 0) instead of scoring it 0. Verdicts are cached
+by the exact judge prompt (LRU, `cache_size` entries): a repeated judge prompt, in a later step or
+in the same batch, is not sent again.
+
+Backends (`posttrain.environments.judge_backends`): "transformers" (a local model, greedy; with
+`actor=True` in its own Ray actor reserving `actor_cpus` / `actor_gpus`), "http" (an OpenAI-compatible
+`/chat/completions` endpoint: timeouts, retries with backoff, bounded concurrency), or any object
+with `complete(conversations)`.
+
+Metrics: `env/reward_mean`, `env/judge_calls` (verdicts looked up), `env/judge_requests` (sent to
+the backend), `env/judge_cache_hits`, `env/judge_cache_hit_rate`, `env/judge_parse_failures`,
+`env/judge_parse_failure_rate` (over the replies received), `env/judge_errors` (backend failures),
+`env/judge_retries` (HTTP), `env/judge_masked` (samples left out of the loss), `env/judge_latency_s`
+(seconds in the backend this step), `env/judge_latency_per_request_s`; by mode
+`env/judge_score_mean`, `env/judge_position_consistency` (pairs whose two orders agree),
+`env/verifier_match_rate`; `env/accuracy` when tasks have an `answer` (the last \\boxed{} equals it).
 """
 
 from __future__ import annotations
@@ -21,8 +45,8 @@ import hashlib
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from posttrain.environments.interface import (
     EnvStepResult,
@@ -30,6 +54,26 @@ from posttrain.environments.interface import (
     last_assistant_content,
     register_environment,
 )
+from posttrain.environments.judge_backends import (
+    ActorJudge,
+    FunctionJudge,
+    HTTPJudge,
+    JudgeBackend,
+    JudgeFailure,
+    TransformersJudge,
+    failure_of,
+)
+
+__all__ = [
+    "DEFAULT_PATTERN",
+    "FunctionJudge",
+    "HTTPJudge",
+    "JudgeEnvironment",
+    "TransformersJudge",
+    "normalise",
+    "parse_label",
+    "parse_score",
+]
 
 DEFAULT_PROMPT = (
     "Rate the assistant's answer to the question below from {min_score} (useless) to {max_score} "
@@ -38,6 +82,25 @@ DEFAULT_PROMPT = (
     "Give a one-sentence reason, then end with a line 'Score: <number>'."
 )
 DEFAULT_PATTERN = r"[Ss]core\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)(?!\w|\.\d)"
+
+PAIRWISE_PROMPT = (
+    "Two assistants answered the question below. Which answer is better, for correctness and "
+    "helpfulness?{reference_block}\n\nQuestion:\n{question}\n\n"
+    "Answer A:\n{reply_a}\n\nAnswer B:\n{reply_b}\n\n"
+    "Give a one-sentence reason, then end with a line 'Winner: A', 'Winner: B' or 'Winner: tie'."
+)
+PAIRWISE_PATTERN = r"[Ww]inner\s*[:=]\s*\**\s*(?:[Aa]nswer\s+)?(A|B|[Tt]ie|TIE)\b"
+PAIRWISE_LABELS = {"a": 1.0, "b": 0.0, "tie": 0.5}  # the points of answer A
+
+REFERENCE_PROMPT = (
+    "Does the answer below give the same final result as the reference answer? Ignore wording "
+    "and formatting.\n\nQuestion:\n{question}\n\nReference answer:\n{reference}\n\n"
+    "Answer:\n{reply}\n\nGive a one-sentence reason, then end with a line 'Verdict: yes' or 'Verdict: no'."
+)
+REFERENCE_PATTERN = r"[Vv]erdict\s*[:=]\s*\**\s*([Yy]es|YES|[Nn]o|NO)\b"
+REFERENCE_LABELS = {"yes": 1.0, "no": 0.0}
+
+Mode = Literal["pointwise", "pairwise", "reference"]
 
 
 def parse_score(
@@ -57,82 +120,19 @@ def parse_score(
     return value
 
 
+def parse_label(text: str, pattern: str, labels: dict[str, float]) -> float | None:
+    """The value of the last label `pattern` captures in `text` (case-folded key of `labels`); None
+    when there is none or it is not a known label."""
+    matches = re.findall(pattern, text or "")
+    if not matches:
+        return None
+    last = matches[-1]
+    return labels.get((last if isinstance(last, str) else last[0]).strip().casefold())
+
+
 def normalise(score: float, min_score: float, max_score: float) -> float:
     """`score` in [min_score, max_score] mapped linearly to [0, 1]."""
     return (score - min_score) / (max_score - min_score)
-
-
-class JudgeBackend(Protocol):
-    """Writes one judge reply per conversation (a list of chat messages)."""
-
-    def complete(self, conversations: Sequence[list[Message]]) -> list[str]: ...
-
-
-class FunctionJudge:
-    """A backend from a function `fn(prompt_text) -> judge text` (a rule-based judge, or a client of
-    your own service)."""
-
-    def __init__(self, fn: Callable[[str], str]) -> None:
-        self.fn = fn
-
-    def complete(self, conversations: Sequence[list[Message]]) -> list[str]:
-        return [self.fn(c[-1]["content"]) for c in conversations]
-
-
-class TransformersJudge:
-    """A local transformers causal LM (a posttrain alias, an HF folder or a hub id), greedy.
-
-    Loaded on first use; generates `batch_size` conversations at a time under the model's chat template.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        max_new_tokens: int = 64,
-        batch_size: int = 8,
-        device: str = "cpu",
-        dtype: str = "float32",
-    ) -> None:
-        self.model_name, self.max_new_tokens, self.batch_size = model, max_new_tokens, batch_size
-        self.device, self.dtype = device, dtype
-        self._model: Any = None
-        self._tokenizer: Any = None
-
-    def _load(self) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from posttrain.checkpoint.export import resolve_model_source
-        from posttrain.models.tokenizer import load_tokenizer
-
-        source = resolve_model_source(self.model_name)
-        self._tokenizer = load_tokenizer(source.tokenizer)
-        self._tokenizer.padding_side = "left"
-        dtype = getattr(torch, self.dtype)
-        self._model = (
-            AutoModelForCausalLM.from_pretrained(source.model, torch_dtype=dtype).to(self.device).eval()
-        )
-
-    def complete(self, conversations: Sequence[list[Message]]) -> list[str]:
-        import torch
-
-        if self._model is None:
-            self._load()
-        tok, out = self._tokenizer, []
-        for start in range(0, len(conversations), self.batch_size):
-            chunk = conversations[start : start + self.batch_size]
-            texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chunk]
-            batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-            with torch.no_grad():
-                ids = self._model.generate(
-                    **batch,
-                    max_new_tokens=self.max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-                )
-            out += tok.batch_decode(ids[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-        return out
 
 
 def _question(log: list[Message]) -> str:
@@ -140,79 +140,244 @@ def _question(log: list[Message]) -> str:
     return next((m.get("content") or "" for m in log if m.get("role") == "user"), "")
 
 
+def _prompt_key(log: list[Message]) -> tuple:
+    """The conversation before the last assistant message (samples of one GRPO group share it)."""
+    last = max((i for i, m in enumerate(log) if m.get("role") == "assistant"), default=len(log))
+    return tuple((m.get("role"), str(m.get("content"))) for m in log[:last])
+
+
+@dataclass
+class Verdict:
+    """One judge lookup: the judge's text (None when the backend failed), whether it came from the
+    cache, and the backend's error."""
+
+    text: str | None
+    cache_hit: bool
+    error: str | None = None
+
+
+@dataclass
+class _Tally:
+    """Per-sample counts of the judge lookups made for it (summed over a batch by `batch_metrics`)."""
+
+    calls: int = 0
+    hits: int = 0
+    parse_failures: int = 0
+    errors: int = 0
+
+    def add(self, verdict: Verdict, parsed: bool) -> None:
+        self.calls += 1
+        self.hits += verdict.cache_hit
+        self.errors += verdict.text is None
+        self.parse_failures += verdict.text is not None and not parsed
+
+    def info(self) -> dict[str, int]:
+        return {
+            "judge_calls": self.calls,
+            "judge_cache_hits": self.hits,
+            "judge_parse_failures": self.parse_failures,
+            "judge_errors": self.errors,
+        }
+
+
+def make_backend(
+    backend: str | JudgeBackend,
+    *,
+    model: str,
+    actor: bool,
+    actor_cpus: float,
+    actor_gpus: float,
+    transformers_kwargs: dict[str, Any],
+    http_kwargs: dict[str, Any],
+) -> JudgeBackend:
+    """The backend object for a name ("transformers", "http") or the object itself."""
+    if not isinstance(backend, str):
+        return backend
+    if backend == "transformers":
+        if actor:
+            kwargs = {"model": model, **transformers_kwargs}
+            return ActorJudge(TransformersJudge, kwargs, num_cpus=actor_cpus, num_gpus=actor_gpus)
+        return TransformersJudge(model, **transformers_kwargs)
+    if backend == "http":
+        if not http_kwargs.get("base_url"):
+            raise ValueError("the http judge backend needs base_url, e.g. 'http://127.0.0.1:8000/v1'")
+        return HTTPJudge(model=model, **http_kwargs)
+    raise ValueError(f"judge backend must be 'transformers', 'http' or an object; got {backend!r}")
+
+
 @register_environment("judge")
 class JudgeEnvironment:
-    """Pointwise LLM-as-judge reward (see the module docstring).
+    """LLM-as-judge reward (see the module docstring).
 
     Args:
-        model: the judge model for the transformers backend (ignored when `backend` is given).
-        backend: any `JudgeBackend` (e.g. `FunctionJudge`); default a `TransformersJudge(model)`.
-        prompt_template: with {question}, {reply}, {reference_block}, {min_score}, {max_score}.
-        pattern: a regex whose (first) group is the score.
-        min_score, max_score: the score range; scores outside are parse failures.
+        mode: "pointwise", "pairwise" or "reference".
+        backend: "transformers", "http", or any `JudgeBackend` (e.g. `FunctionJudge(fn)`).
+        model: the judge model: for transformers a posttrain alias, an HF folder or a hub id; for
+            http the served model's name.
+        prompt_template: the judge's user message; None: the mode's default. Fields: pointwise
+            {question} {reply} {reference_block} {min_score} {max_score}; pairwise {question}
+            {reply_a} {reply_b} {reference_block}; reference {question} {reply} {reference}.
+        pattern: a regex whose first group is the verdict (pointwise: a number; pairwise: A, B or
+            tie; reference: yes or no); None: the mode's default.
+        min_score, max_score: pointwise score range; a score outside is a parse failure.
         cache_size: verdicts kept (0: no cache).
-        max_new_tokens, batch_size, device, dtype: for the transformers backend.
+        reply_prefix: the start of the judge's reply, written for it (e.g. "Score:"): the judge only
+            continues it, so a small judge that would not end with the verdict line still gives
+            one (a few max_new_tokens suffice). The parsed text is the prefix plus the reply.
+            HTTP: needs vLLM's `continue_final_message` (vLLM's server has it).
+        verifier: reference mode: "math" (math-verify of the last \\boxed{}) or None (judge only).
+        verifier_timeout_s: reference mode: limit for one verification.
+        max_new_tokens, batch_size, device, dtype, num_threads: transformers backend.
+        actor, actor_cpus, actor_gpus: transformers backend in its own Ray actor with these resources.
+        base_url, api_key_env, timeout_s, max_retries, backoff_s, max_backoff_s, max_concurrency:
+            http backend (see `HTTPJudge`); its replies are `max_new_tokens` long at most.
     """
 
     def __init__(
         self,
+        mode: Mode = "pointwise",
+        backend: str | JudgeBackend = "transformers",
         model: str = "smollm2-135m-instruct",
-        backend: JudgeBackend | None = None,
-        prompt_template: str = DEFAULT_PROMPT,
-        pattern: str = DEFAULT_PATTERN,
+        prompt_template: str | None = None,
+        pattern: str | None = None,
         min_score: float = 1,
         max_score: float = 10,
         cache_size: int = 10_000,
+        reply_prefix: str | None = None,
+        verifier: Literal["math"] | None = "math",
+        verifier_timeout_s: float = 5.0,
         max_new_tokens: int = 64,
         batch_size: int = 8,
         device: str = "cpu",
         dtype: str = "float32",
+        num_threads: int | None = None,
+        actor: bool = False,
+        actor_cpus: float = 0.0,
+        actor_gpus: float = 0.0,
+        base_url: str | None = None,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        max_concurrency: int = 8,
     ) -> None:
+        defaults = {
+            "pointwise": (DEFAULT_PROMPT, DEFAULT_PATTERN),
+            "pairwise": (PAIRWISE_PROMPT, PAIRWISE_PATTERN),
+            "reference": (REFERENCE_PROMPT, REFERENCE_PATTERN),
+        }
+        if mode not in defaults:
+            raise ValueError(f"judge mode must be one of {sorted(defaults)}, got {mode!r}")
         if not max_score > min_score:
             raise ValueError(f"max_score ({max_score}) must be above min_score ({min_score})")
-        if re.compile(pattern).groups < 1:
+        if verifier not in ("math", None):
+            raise ValueError(f"verifier must be 'math' or null, got {verifier!r}")
+        self.mode = mode
+        self.prompt_template = prompt_template or defaults[mode][0]
+        self.pattern = pattern or defaults[mode][1]
+        if re.compile(self.pattern).groups < 1:
             raise ValueError(
-                f"pattern {pattern!r} needs a group that captures the score, e.g. 'Score: (\\d+)'"
+                f"pattern {self.pattern!r} needs a group that captures the verdict, e.g. 'Score: (\\d+)'"
             )
-        self.backend = backend or TransformersJudge(
-            model, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device, dtype=dtype
-        )
-        self.prompt_template, self.pattern = prompt_template, pattern
         self.min_score, self.max_score, self.cache_size = min_score, max_score, cache_size
+        self.reply_prefix = reply_prefix or ""
+        self.backend = make_backend(
+            backend,
+            model=model,
+            actor=actor,
+            actor_cpus=actor_cpus,
+            actor_gpus=actor_gpus,
+            transformers_kwargs=dict(
+                max_new_tokens=max_new_tokens,
+                batch_size=batch_size,
+                device=device,
+                dtype=dtype,
+                num_threads=num_threads,
+            ),
+            http_kwargs=dict(
+                base_url=base_url,
+                api_key_env=api_key_env,
+                max_tokens=max_new_tokens,
+                timeout_s=timeout_s,
+                max_retries=max_retries,
+                backoff_s=backoff_s,
+                max_backoff_s=max_backoff_s,
+                max_concurrency=max_concurrency,
+            ),
+        )
+        self._verifier: Any = None
+        if mode == "reference" and verifier == "math":
+            from posttrain.environments.math import MathEnvironment
+
+            self._verifier = MathEnvironment(timeout_s=verifier_timeout_s, format_reward=0.0)
         self._cache: OrderedDict[str, str] = OrderedDict()
 
+    # ------------------------------------------------------------------ prompts
     def judge_prompt(self, log: list[Message], meta: dict[str, Any]) -> str:
-        """The judge's user message for one sample."""
-        reference = meta.get("reference")
-        block = f"\n\nA reference answer:\n{reference}" if reference else ""
+        """The judge's user message for one sample (pointwise and reference modes)."""
+        if self.mode == "reference":
+            return self.prompt_template.format(
+                question=_question(log), reply=last_assistant_content(log), reference=_reference(meta)
+            )
         return self.prompt_template.format(
             question=_question(log),
             reply=last_assistant_content(log),
-            reference_block=block,
+            reference_block=_reference_block(meta),
             min_score=self.min_score,
             max_score=self.max_score,
         )
 
-    def _judge(self, prompts: list[str]) -> tuple[list[str | None], list[bool], float, str | None]:
-        """Judge texts (None where the backend failed), cache hits, backend seconds, the error."""
+    def pair_prompt(self, log_a: list[Message], log_b: list[Message], meta: dict[str, Any]) -> str:
+        """The judge's user message comparing reply A (of `log_a`) with reply B (of `log_b`)."""
+        return self.prompt_template.format(
+            question=_question(log_a),
+            reply_a=last_assistant_content(log_a),
+            reply_b=last_assistant_content(log_b),
+            reference_block=_reference_block(meta),
+        )
+
+    # ------------------------------------------------------------------ the judge, cached
+    def judge(self, prompts: list[str]) -> tuple[list[Verdict], float, int]:
+        """One verdict per judge prompt; the backend's seconds and the number of prompts sent to it.
+
+        A prompt already in the cache, or earlier in `prompts`, is a cache hit and is not sent."""
         keys = [hashlib.sha256(p.encode()).hexdigest() for p in prompts]
-        hits = [k in self._cache for k in keys]
-        missing = list(dict.fromkeys(k for k, h in zip(keys, hits, strict=True) if not h))
-        by_key = {k: p for k, p in zip(keys, prompts, strict=True)}
-        error, started = None, time.perf_counter()
+        known: dict[str, str | JudgeFailure] = {k: self._cache[k] for k in keys if k in self._cache}
+        hits, missing = [], {}
+        for key, prompt in zip(keys, prompts, strict=True):
+            hits.append(key in known or key in missing)
+            if not hits[-1]:
+                missing[key] = prompt
+        started = time.perf_counter()
         if missing:
+            conversations = [self._conversation(p) for p in missing.values()]
             try:
-                texts = self.backend.complete([[{"role": "user", "content": by_key[k]}] for k in missing])
-                fresh = dict(zip(missing, texts, strict=True))
-            except Exception as e:  # the judge failed: these samples are not scored
-                fresh, error = {}, f"{type(e).__name__}: {e}"[:500]
-        else:
-            fresh = {}
+                replies = list(self.backend.complete(conversations))
+                if len(replies) != len(conversations):
+                    raise RuntimeError(f"the judge returned {len(replies)} replies for {len(conversations)}")
+            except Exception as e:  # the whole call failed: these samples are not scored
+                replies = [failure_of(e)] * len(conversations)
+            for key, reply in zip(missing, replies, strict=True):
+                known[key] = self.reply_prefix + reply if isinstance(reply, str) else reply
+                if isinstance(reply, str):
+                    self._remember(key, known[key])
         latency = time.perf_counter() - started
-        out = [self._cache[k] if h else fresh.get(k) for k, h in zip(keys, hits, strict=True)]
-        for k, text in fresh.items():
-            self._remember(k, text)
-        return out, hits, latency, error
+        verdicts = []
+        for key, hit in zip(keys, hits, strict=True):
+            reply = known[key]
+            if isinstance(reply, JudgeFailure):
+                verdicts.append(Verdict(None, hit, reply.error))
+            else:
+                verdicts.append(Verdict(reply, hit))
+        return verdicts, latency, len(missing)
+
+    def _conversation(self, prompt: str) -> list[Message]:
+        """The judge's conversation: the prompt, and the start of its reply if there is one."""
+        messages: list[Message] = [{"role": "user", "content": prompt}]
+        if self.reply_prefix:
+            messages.append({"role": "assistant", "content": self.reply_prefix})
+        return messages
 
     def _remember(self, key: str, text: str) -> None:
         if self.cache_size <= 0:
@@ -222,35 +387,202 @@ class JudgeEnvironment:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
+    # ------------------------------------------------------------------ modes
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
-        prompts = [self.judge_prompt(log, meta) for log, meta in zip(message_logs, metadata, strict=True)]
-        texts, hits, latency, error = self._judge(prompts)
-        rewards, infos, scored = [], [], []
-        for text, hit in zip(texts, hits, strict=True):
-            score = None if text is None else parse_score(text, self.pattern, self.min_score, self.max_score)
-            info: dict[str, Any] = {"judge_text": (text or "")[-500:], "judge_score": score, "cache_hit": hit}
-            if text is None:
-                info["judge_error"] = error
-            elif score is None:
-                info["judge_error"] = "parse_failure"
-            rewards.append(0.0 if score is None else normalise(score, self.min_score, self.max_score))
-            infos.append(info)
-            scored.append(score is not None)
+        if len(message_logs) != len(metadata):
+            raise ValueError(f"{len(message_logs)} message logs but {len(metadata)} metadata entries")
+        retries_before = getattr(self.backend, "retries", 0)
+        if self.mode == "pairwise":
+            rewards, scored, infos, latency, sent = self._pairwise(message_logs, metadata)
+        else:
+            rewards, scored, infos, latency, sent = self._per_sample(message_logs, metadata)
+        for log, meta, info in zip(message_logs, metadata, infos, strict=True):
+            if meta.get("answer") is not None:
+                info["correct"] = _boxed_equals(last_assistant_content(log), meta["answer"])
         out = EnvStepResult.final(rewards, metadata, infos)
         out.scored = scored
         if infos:
             infos[0]["judge_latency_s"] = latency
+            infos[0]["judge_requests"] = sent
+            infos[0]["judge_retries"] = getattr(self.backend, "retries", 0) - retries_before
         return out
 
+    def _per_sample(
+        self, logs: list[list[Message]], metadata: list[dict[str, Any]]
+    ) -> tuple[list[float], list[bool], list[dict[str, Any]], float, int]:
+        """Pointwise and reference modes: one judge lookup per sample (reference: unless verified)."""
+        verified = [False] * len(logs)
+        if self.mode == "reference":
+            for k, meta in enumerate(metadata):
+                _reference(meta, k)
+            verified = self._verify(logs, metadata)
+        to_judge = [k for k, ok in enumerate(verified) if not ok]
+        verdicts, latency, sent = self.judge([self.judge_prompt(logs[k], metadata[k]) for k in to_judge])
+        rewards, scored = [1.0 if ok else 0.0 for ok in verified], [True] * len(logs)
+        infos: list[dict[str, Any]] = [{} for _ in logs]
+        for k, verdict in zip(to_judge, verdicts, strict=True):
+            value = None if verdict.text is None else self._parse(verdict.text)
+            tally = _Tally()
+            tally.add(verdict, value is not None)
+            infos[k] = {"judge_text": (verdict.text or "")[-500:], "cache_hit": verdict.cache_hit}
+            infos[k].update(tally.info())
+            if self.mode == "pointwise":
+                infos[k]["judge_score"] = value
+            if verdict.text is None:
+                infos[k]["judge_error"] = verdict.error
+            elif value is None:
+                infos[k]["judge_error"] = "parse_failure"
+            rewards[k] = 0.0 if value is None else self._reward(value)
+            scored[k] = value is not None
+        if self.mode == "reference":
+            for k, ok in enumerate(verified):
+                infos[k]["verifier_match"] = ok
+        return rewards, scored, infos, latency, sent
+
+    def _parse(self, text: str) -> float | None:
+        if self.mode == "pointwise":
+            return parse_score(text, self.pattern, self.min_score, self.max_score)
+        if self.mode == "reference":
+            return parse_label(text, self.pattern, REFERENCE_LABELS)
+        return parse_label(text, self.pattern, PAIRWISE_LABELS)
+
+    def _reward(self, value: float) -> float:
+        return normalise(value, self.min_score, self.max_score) if self.mode == "pointwise" else value
+
+    def _verify(self, logs: list[list[Message]], metadata: list[dict[str, Any]]) -> list[bool]:
+        """Reference mode: whether the verifier accepts each reply (all False without a verifier)."""
+        if self._verifier is None:
+            return [False] * len(logs)
+        answers = [{"answer": str(_reference(meta))} for meta in metadata]
+        result = self._verifier.step(logs, answers)
+        return [bool(i.get("correct")) for i in result.info]
+
+    def _pairwise(
+        self, logs: list[list[Message]], metadata: list[dict[str, Any]]
+    ) -> tuple[list[float], list[bool], list[dict[str, Any]], float, int]:
+        """Every pair of samples with the same prompt, judged in both orders; reward = win rate."""
+        groups: dict[tuple, list[int]] = {}
+        for k, log in enumerate(logs):
+            groups.setdefault(_prompt_key(log), []).append(k)
+        points, comparisons = [0.0] * len(logs), [0] * len(logs)
+        tallies = [_Tally() for _ in logs]
+        orders: list[tuple[int, int]] = []  # (sample in position A, sample in position B)
+        for members in groups.values():
+            for x, a in enumerate(members):
+                for b in members[x + 1 :]:
+                    if last_assistant_content(logs[a]) == last_assistant_content(logs[b]):
+                        for k in (a, b):  # identical replies tie, in both orders
+                            points[k] += 1.0
+                            comparisons[k] += 2
+                    else:
+                        orders += [(a, b), (b, a)]
+        prompts = [self.pair_prompt(logs[a], logs[b], metadata[a]) for a, b in orders]
+        verdicts, latency, sent = self.judge(prompts)
+        outcome: dict[tuple[int, int], float | None] = {}
+        for (a, b), verdict in zip(orders, verdicts, strict=True):
+            value = None if verdict.text is None else self._parse(verdict.text)
+            tallies[a].add(verdict, value is not None)
+            outcome[(a, b)] = value
+            if value is not None:
+                points[a] += value
+                points[b] += 1.0 - value
+                comparisons[a] += 1
+                comparisons[b] += 1
+        rewards = [p / n if n else 0.0 for p, n in zip(points, comparisons, strict=True)]
+        errors: dict[int, str] = {}
+        for (a, b), verdict in zip(orders, verdicts, strict=True):
+            for k in (a, b):
+                if verdict.error:
+                    errors.setdefault(k, verdict.error)
+        infos: list[dict[str, Any]] = []
+        for k in range(len(logs)):
+            info: dict[str, Any] = {"judge_win_rate": rewards[k] if comparisons[k] else None}
+            info.update(tallies[k].info(), judge_comparisons=comparisons[k], **_consistency(outcome, k))
+            if not comparisons[k]:  # nothing judged: alone in its group, a failed judge, or no verdict
+                alone = len(groups[_prompt_key(logs[k])]) == 1
+                info["judge_error"] = "no_comparison" if alone else errors.get(k, "parse_failure")
+            infos.append(info)
+        return rewards, [n > 0 for n in comparisons], infos, latency, sent
+
+    # ------------------------------------------------------------------ metrics
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
-        infos = results.info
-        scores = [i["judge_score"] for i in infos if i.get("judge_score") is not None]
-        return {
-            "env/judge_score_mean": sum(scores) / len(scores) if scores else 0.0,
-            "env/judge_parse_failures": float(sum(i.get("judge_error") == "parse_failure" for i in infos)),
-            "env/judge_errors": float(
-                sum(i.get("judge_error") not in (None, "parse_failure") for i in infos)
-            ),
-            "env/judge_cache_hits": float(sum(bool(i.get("cache_hit")) for i in infos)),
-            "env/judge_latency_s": float(sum(i.get("judge_latency_s", 0.0) for i in infos)),
+        infos, n = results.info, max(len(results), 1)
+        total = {k: float(sum(i.get(k, 0) for i in infos)) for k in _Tally().info()}
+        calls, hits = total["judge_calls"], total["judge_cache_hits"]
+        received = calls - total["judge_errors"]
+        requests = float(sum(i.get("judge_requests", 0) for i in infos))
+        latency = float(sum(i.get("judge_latency_s", 0.0) for i in infos))
+        metrics = {
+            "env/reward_mean": sum(results.rewards) / n,
+            "env/judge_calls": calls,
+            "env/judge_requests": requests,
+            "env/judge_cache_hits": hits,
+            "env/judge_cache_hit_rate": hits / calls if calls else 0.0,
+            "env/judge_parse_failures": total["judge_parse_failures"],
+            "env/judge_parse_failure_rate": total["judge_parse_failures"] / received if received else 0.0,
+            "env/judge_errors": total["judge_errors"],
+            "env/judge_retries": float(sum(i.get("judge_retries", 0) for i in infos)),
+            "env/judge_masked": float(sum(not s for s in results.scored)),
+            "env/judge_latency_s": latency,
+            "env/judge_latency_per_request_s": latency / requests if requests else 0.0,
         }
+        scores = [i["judge_score"] for i in infos if i.get("judge_score") is not None]
+        if self.mode == "pointwise":
+            metrics["env/judge_score_mean"] = sum(scores) / len(scores) if scores else 0.0
+        if self.mode == "pairwise":
+            pairs = sum(i.get("judge_pairs", 0) for i in infos)
+            agree = sum(i.get("judge_consistent_pairs", 0) for i in infos)
+            metrics["env/judge_position_consistency"] = agree / pairs if pairs else 0.0
+        if self.mode == "reference":
+            metrics["env/verifier_match_rate"] = sum(bool(i.get("verifier_match")) for i in infos) / n
+        checked = [i["correct"] for i in infos if "correct" in i]
+        if checked:
+            metrics["env/accuracy"] = sum(checked) / len(checked)
+        return metrics
+
+    def close(self) -> None:
+        """Stop the verifier's process and the judge's actor, if any."""
+        if self._verifier is not None:
+            self._verifier.close()
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
+
+def _consistency(outcome: dict[tuple[int, int], float | None], k: int) -> dict[str, int]:
+    """Pairs with k in position A first (each pair counted once): how many were judged in both
+    orders, and how many of those agree (the same winner, or a tie both times)."""
+    pairs = consistent = 0
+    for (a, b), value in outcome.items():
+        if a != k or a > b:
+            continue
+        swapped = outcome.get((b, a))
+        if value is None or swapped is None:
+            continue
+        pairs += 1
+        consistent += value == 1.0 - swapped
+    return {"judge_pairs": pairs, "judge_consistent_pairs": consistent}
+
+
+def _reference(meta: dict[str, Any], k: int | None = None) -> Any:
+    """The task's reference answer: its `reference`, else its `answer`."""
+    value = meta.get("reference", meta.get("answer"))
+    if value is None:
+        where = f"sample {k} " if k is not None else ""
+        raise ValueError(
+            f"reference-mode judging needs metadata['reference'] or ['answer']; {where}has {sorted(meta)}"
+        )
+    return value
+
+
+def _reference_block(meta: dict[str, Any]) -> str:
+    reference = meta.get("reference")
+    return f"\n\nA reference answer:\n{reference}" if reference else ""
+
+
+def _boxed_equals(reply: str, answer: Any) -> bool:
+    """The last \\boxed{} equals the answer as a string (ground truth for `env/accuracy`)."""
+    from posttrain.environments.math import extract_last_boxed
+
+    boxed = extract_last_boxed(reply)
+    return boxed is not None and boxed.strip() == str(answer).strip()
