@@ -352,7 +352,10 @@ def _shm_needed(config: BaseModel | None) -> bool:
         return False
     if getattr(gen, "placement", "colocated") != "split":
         return False
-    return gen.resolved_refit_transport(cluster, bool(getattr(policy, "fsdp", False))) == "shared_memory"
+    return (
+        gen.resolved_refit_transport(cluster, bool(getattr(policy, "split_weights", False)))
+        == "shared_memory"
+    )
 
 
 def run_checks(config: BaseModel | None, *, algorithm: str = "grpo") -> list[Check]:

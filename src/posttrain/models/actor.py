@@ -95,16 +95,20 @@ class ActorPolicy(Sampling, Policy):
         **kwargs: Any,
     ) -> None:
         super().__init__(cfg, **kwargs)
+        if shared_weights and self.lora:
+            raise ValueError("shared-memory refits cannot serve a LoRA policy (its weights are not merged)")
         self.shared = SharedFlatWeights(self.model) if shared_weights and self.rank == 0 else None
         if self.shared is not None:
             atexit.register(self.shared.close)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.reference = None
+        self.has_reference = reference
         # the frozen reference computes like the policy, so that KL(π || π_ref) is 0 before the first
         # update: under FSDP2 the policy computes in pure bf16 (parameters cast), so the reference holds
-        # bf16 weights; otherwise the policy is fp32 under autocast, and so is the reference
+        # bf16 weights; otherwise the policy is fp32 under autocast, and so is the reference. With LoRA
+        # the reference is the policy's own model with its adapters off (no second copy)
         self.reference_dtype = DTYPES[cfg.dtype] if cfg.fsdp and self.world_size > 1 else MASTER_DTYPE
-        if reference:
+        if reference and not self.lora:
             self.reference = load_causal_lm(kwargs["model_path"], self.reference_dtype).to(self.device).eval()
             self.reference.requires_grad_(False)
         self.engine = None
@@ -142,8 +146,8 @@ class ActorPolicy(Sampling, Policy):
         """Colocated vLLM: copy the trained weights into the engine (no disk, no other process)."""
         if self.engine is None:
             return 0
-        # FSDP2 shards are DTensors: gather each full tensor (every rank runs this in step)
-        return self.engine.load_weights((name, _full(p)) for name, p in self.model.named_parameters())
+        # FSDP2 shards are DTensors: gather each full tensor (every rank runs this in step); LoRA: merged
+        return self.engine.load_weights(self.generator_weights())
 
     # ------------------------------------------------------------------ collective refit (split placement)
     def refit_layout(self, cast: torch.dtype | None = None) -> list[BucketLayout]:
@@ -151,8 +155,7 @@ class ActorPolicy(Sampling, Policy):
         dtype (floating point cast to `cast` if given). The same on every rank and at every refit, so
         computed once."""
         if cast not in self._refit_layouts:
-            specs = ((name, tuple(p.shape), p.dtype) for name, p in self.model.named_parameters())
-            self._refit_layouts[cast] = plan_buckets(specs, cast=cast)
+            self._refit_layouts[cast] = plan_buckets(self.generator_weight_specs(), cast=cast)
         return self._refit_layouts[cast]
 
     def host_refit_group(
@@ -173,10 +176,15 @@ class ActorPolicy(Sampling, Policy):
         (the one given to `host_refit_group`). Returns the bytes sent."""
         if self.rank == 0 and self.refit_group is None:
             raise RuntimeError("broadcast_weights before join_refit_group")
-        params = dict(self.model.named_parameters())
+        weights = self.generator_weights()  # lazy: each tensor gathered (and merged) when a bucket asks
+        pending: dict[str, torch.Tensor] = {}
 
         def tensors_of(layout: BucketLayout) -> dict[str, torch.Tensor]:
-            return {name: _full(params[name]) for name, _, _ in layout.entries}
+            wanted = [name for name, _, _ in layout.entries]
+            while any(name not in pending for name in wanted):
+                name, tensor = next(weights)
+                pending[name] = tensor
+            return {name: pending.pop(name) for name in wanted}
 
         with torch.no_grad():
             return send_buckets(self.refit_group, self.refit_layout(cast), tensors_of)
@@ -194,8 +202,13 @@ class ActorPolicy(Sampling, Policy):
             self.engine.sleep()
 
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        if self.reference is None:
+        if not self.has_reference:
             raise RuntimeError("this policy was built without a reference model (loss.kl_beta is 0)")
+        if self.lora:  # the base model: the policy's own module with the adapters off
+            from posttrain.models.lora import adapters_disabled
+
+            with adapters_disabled(self.model):
+                return self.logprobs(batch)
         fp32_weights = self.reference_dtype == MASTER_DTYPE  # else bf16 weights, computed as they are
         with compute_autocast(self.device, self.compute_dtype if fp32_weights else MASTER_DTYPE):
             return batched_logprobs(
@@ -212,11 +225,17 @@ class ActorPolicy(Sampling, Policy):
         """The parameters (tied ones once, like the collective transport) packed into buckets on rank 0
         (other ranks: []), floating point cast to `cast` if given; inside Ray, put in the object store
         (refs, not copies). Called on every rank: under FSDP2 the full tensors are gathered."""
-        full = self.state_dict_cpu() if self.sharded else None  # under FSDP2 a collective: every rank
+        if self.lora:  # merged tensors, gathered one by one under FSDP2 (every rank iterates)
+            merged = {name: tensor.cpu() for name, tensor in self.generator_weights()}
+            state = merged if self.rank == 0 else {}
+        else:
+            full = self.state_dict_cpu() if self.sharded else None  # under FSDP2 a collective: every rank
+            params = self.model.named_parameters()
+            state = (
+                {n: full[n] for n, _ in params} if full is not None else {n: p.detach() for n, p in params}
+            )
         if self.rank != 0:
             return []
-        params = self.model.named_parameters()
-        state = {n: full[n] for n, _ in params} if full is not None else {n: p.detach() for n, p in params}
         buckets = pack_state_dict(state, cast=cast)
         if _in_ray_worker():
             import ray
@@ -306,11 +325,6 @@ class GenerationWorker(Sampling):
         if self.engine is not None:
             raise NotImplementedError("the vLLM backend's weights are compared by parameters_checksum")
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-
-
-def _full(p: torch.Tensor) -> torch.Tensor:
-    """The full tensor of a parameter: FSDP2 shards are DTensors, gathered (a collective) here."""
-    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def engine_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str:

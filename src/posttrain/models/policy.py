@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,8 +118,14 @@ class Policy:
         self.cfg, self.rank, self.world_size, self.total_steps = cfg, rank, world_size, total_steps
         self.device = pick_device(gpus)
         self.compute_dtype = DTYPES[cfg.dtype]
-        torch.manual_seed(cfg.seed)
-        self.model = self.load_model(model_path).to(self.device)
+        self.model_path = model_path
+        torch.manual_seed(cfg.seed)  # also the LoRA initialisation: the same on every rank
+        self.model = self.load_model(model_path)
+        if cfg.lora is not None:
+            from posttrain.models.lora import apply_lora
+
+            apply_lora(self.model, cfg.lora, base_model=model_path, **self.lora_options())
+        self.model = self.model.to(self.device)
         if cfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.config.use_cache = False
@@ -133,6 +139,14 @@ class Policy:
     def load_model(self, model_path: str) -> torch.nn.Module:
         """The trained module, in fp32 (master weights); subclasses load other heads (e.g. a reward model)."""
         return load_causal_lm(model_path, MASTER_DTYPE)
+
+    def lora_options(self) -> dict[str, Any]:
+        """peft options of `apply_lora` for this kind of model (a reward model trains its new head too)."""
+        return {}
+
+    @property
+    def lora(self) -> bool:
+        return self.cfg.lora is not None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The context of every forward pass: autocast to `policy.dtype`, except under FSDP2, whose
@@ -176,7 +190,10 @@ class Policy:
             shard_model(self.model, dtype=self.compute_dtype)
             self.loss_scale = float(self.world_size)
             self.optimizer, self.scheduler = build_optimizer(
-                list(self.model.parameters()), self.cfg.optimizer, self.cfg.scheduler, self.total_steps
+                [p for p in self.model.parameters() if p.requires_grad],
+                self.cfg.optimizer,
+                self.cfg.scheduler,
+                self.total_steps,
             )
 
     # ------------------------------------------------------------------ compute
@@ -262,12 +279,33 @@ class Policy:
 
         Under FSDP2 (a collective) every rank sums its own shard and the sums are added over ranks."""
         cast = DTYPES[dtype] if dtype else None
+        if self.lora:  # what a generator runs: the merged weights (under FSDP2 gathered on every rank)
+            sums = [weights_checksum([t], cast) for _, t in self.generator_weights()]  # each a new tensor
+            return sum(s for s, _ in sums), sum(q for _, q in sums)
         if not self.sharded:
             return weights_checksum(self.model.parameters(), cast)
         local = weights_checksum([p.to_local() for p in self.model.parameters()], cast)
         sums = torch.tensor(local, dtype=torch.float64, device=self.device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         return float(sums[0]), float(sums[1])
+
+    def generator_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) of every weight a generator runs, named as in the base model: the
+        parameters, or with LoRA the merged `W + s·B@A` (new tensors, the trained ones untouched).
+        Under FSDP2 each tensor is gathered (a collective: every rank iterates in step)."""
+        if self.lora:
+            from posttrain.models.lora import merged_weights
+
+            return merged_weights(self.model, full_tensor)
+        return ((name, full_tensor(p)) for name, p in self.model.named_parameters())
+
+    def generator_weight_specs(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """(name, full shape, dtype) of what `generator_weights` yields, in its order."""
+        if self.lora:
+            from posttrain.models.lora import merged_specs
+
+            return merged_specs(self.model)
+        return [(name, tuple(p.shape), p.dtype) for name, p in self.model.named_parameters()]
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         """Full tensors on CPU (under FSDP2 a collective: every rank must call it)."""
@@ -284,21 +322,14 @@ class Policy:
     def save_checkpoint(self, directory: str) -> None:
         """Rank 0 writes the model as an HF folder of FULL weights (format.json says so), the optimizer and
         scheduler; every rank its RNG state. With FSDP2 every rank joins the gather of the full weights
-        and writes its own optimizer shard (optimizer_rank<r>.pt)."""
+        and writes its own optimizer shard (optimizer_rank<r>.pt). With LoRA `model/` is a peft adapter
+        folder (the trained tensors only; format.json: lora_adapter and the base model's path)."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)  # every rank writes into it, whichever comes first
-        full_state = None
-        if self.sharded:
-            from posttrain.models.fsdp import full_model_state
-
-            full_state = full_model_state(self.model)  # a collective: every rank calls it
-        if self.rank == 0:
-            self.model.save_pretrained(path / "model", state_dict=full_state, safe_serialization=True)
-            layout = "per_rank" if self.sharded else "rank0"
-            fmt = {"model": "hf_full_state", "optimizer": layout, "world_size": self.world_size}
-            # the weights are the fp32 master weights; `posttrain export` casts them to compute_dtype
-            fmt |= {"master_dtype": str(MASTER_DTYPE).removeprefix("torch."), "compute_dtype": self.cfg.dtype}
-            (path / "format.json").write_text(json.dumps(fmt))
+        if self.lora:
+            self._save_adapter(path)
+        else:
+            self._save_full_model(path)
         if self.sharded:
             from posttrain.models.fsdp import optimizer_shard_state
 
@@ -312,6 +343,31 @@ class Policy:
                 path / "optimizer.pt",
             )
         torch.save(_rng_state(), path / f"rng_rank{self.rank}.pt")
+
+    def _save_full_model(self, path: Path) -> None:
+        full_state = None
+        if self.sharded:
+            from posttrain.models.fsdp import full_model_state
+
+            full_state = full_model_state(self.model)  # a collective: every rank calls it
+        if self.rank == 0:
+            self.model.save_pretrained(path / "model", state_dict=full_state, safe_serialization=True)
+            self._write_format(path, {"model": "hf_full_state"})
+
+    def _save_adapter(self, path: Path) -> None:
+        from posttrain.models.lora import adapter_state, save_adapter
+
+        state = adapter_state(self.model, full_tensor)  # under FSDP2 a collective: every rank
+        if self.rank == 0:
+            save_adapter(self.model, state, path / "model")
+            self._write_format(path, {"model": "lora_adapter", "base_model": self.model_path})
+
+    def _write_format(self, path: Path, fmt: dict[str, Any]) -> None:
+        layout = "per_rank" if self.sharded else "rank0"
+        fmt = {**fmt, "optimizer": layout, "world_size": self.world_size}
+        # the weights are the fp32 master weights; `posttrain export` casts them to compute_dtype
+        fmt |= {"master_dtype": str(MASTER_DTYPE).removeprefix("torch."), "compute_dtype": self.cfg.dtype}
+        (path / "format.json").write_text(json.dumps(fmt))
 
     def load_checkpoint(self, directory: str) -> None:
         path = Path(directory)
@@ -334,22 +390,37 @@ class Policy:
     def _load_model_weights(self, model_dir: Path) -> None:
         from safetensors.torch import load_file
 
+        if self.lora:
+            from posttrain.models.lora import load_adapter
+
+            self._copy_into_model(load_adapter(self.model, model_dir))
+            return
         files = sorted(model_dir.glob("*.safetensors"))
         if not files:
             raise CheckpointMismatchError(f"no model weights (*.safetensors) in {model_dir}")
         saved: dict[str, torch.Tensor] = {}
         for f in files:
             saved.update(load_file(f))
+        if not self.sharded:
+            check_weights_match(self.model, saved, where=str(model_dir))
+        self._copy_into_model(saved)
+
+    def _copy_into_model(self, saved: dict[str, torch.Tensor]) -> None:
+        """Full tensors by state-dict name into the model (FSDP2: scattered into the shards)."""
         if self.sharded:
             from posttrain.models.fsdp import load_full_model_state
 
-            load_full_model_state(self.model, saved)  # scatters the full tensors into the shards
+            load_full_model_state(self.model, saved)
             return
-        check_weights_match(self.model, saved, where=str(model_dir))
         with torch.no_grad():
             own = self.model.state_dict()
             for name, tensor in saved.items():
                 own[name].copy_(tensor)
+
+
+def full_tensor(p: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a parameter: FSDP2 shards are DTensors, gathered (a collective) here."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def check_weights_match(model: torch.nn.Module, saved: dict[str, torch.Tensor], *, where: str) -> None:

@@ -110,6 +110,10 @@ class RewardPolicy(Policy):
     def load_model(self, model_path: str) -> torch.nn.Module:
         return load_reward_model(model_path, MASTER_DTYPE, pad_token_id=self.pad_token_id)
 
+    def lora_options(self) -> dict[str, Any]:
+        """With LoRA the new score head is trained in full beside the adapters."""
+        return {"modules_to_save": ["score"], "task_type": "SEQ_CLS"}
+
     def loss_inputs(self, micro: TokenBatch) -> torch.Tensor:
         return sequence_scores(
             self.model, micro.input_ids, micro.attention_mask, packed=self.cfg.packed_sequences

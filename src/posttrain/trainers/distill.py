@@ -172,7 +172,9 @@ class DistillTrainer:
         policy_cfg = cfg.policy.model_copy(update={"logprob_temperature": cfg.generation.temperature or 1.0})
         self.split = cfg.generation.placement == "split"
         transport = (
-            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.split_weights) if self.split else None
+            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.split_weights)
+            if self.split
+            else None
         )
         colocated_teacher = cfg.teacher.placement == "colocated"
         self.policy = StudentGroup(

@@ -301,7 +301,9 @@ class GRPOTrainer:
         policy_cfg = cfg.policy.model_copy(update={"logprob_temperature": cfg.generation.temperature or 1.0})
         self.split = cfg.generation.placement == "split"
         transport = (
-            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.split_weights) if self.split else None
+            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.split_weights)
+            if self.split
+            else None
         )
         teacher_path, teacher_cut, held_teacher = self.teacher_setup()
         self.policy = (StudentGroup if held_teacher else self.policy_group_cls)(
