@@ -1,0 +1,82 @@
+"""Running the real command line as a separate process, and reading back what a run left on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FAULTS = Path(__file__).parent
+ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+
+
+def cli(args: list[str], *, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    """`python -m posttrain.cli ARGS` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**ENV, **env},
+    )
+
+
+def start(args: list[str], *, runner: list[str] | None = None, **env: str) -> subprocess.Popen:
+    """Start `python -m posttrain.cli ARGS` (or `runner ARGS`) without waiting; output in pipes."""
+    command = runner or [sys.executable, "-m", "posttrain.cli"]
+    return subprocess.Popen(
+        [*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, **env}
+    )
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    """Wait for the process; its exit status and its stdout + stderr."""
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out + err
+
+
+def wait_for(condition, process: subprocess.Popen, *, timeout: float = 300, what: str = "") -> None:
+    """Poll `condition()` every 20 ms until true; fail if the process exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            rc, output = finish(process)
+            raise AssertionError(f"the run exited ({rc}) before {what}:\n{output[-4000:]}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"timed out waiting for {what}:\n{finish(process)[1][-4000:]}")
+        time.sleep(0.02)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+def complete_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints (with a COMPLETE file) in a run directory."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / "COMPLETE").is_file())
+
+
+def logged_steps(run_dir: Path, key: str) -> list[int]:
+    """Steps of the metrics.jsonl rows that have `key`, in file order (a resumed run appends)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    return [row["step"] for row in rows if key in row]
+
+
+def kill_tree_leftovers(process: subprocess.Popen) -> None:
+    """SIGKILL the process if a failed test left it running (stopped processes too)."""
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
