@@ -42,6 +42,10 @@ def _trainer(name: str) -> Callable:
         from posttrain.trainers.distill import run_distill
 
         return run_distill
+    if name == "ppo":
+        from posttrain.trainers.ppo import run_ppo
+
+        return run_ppo
     raise KeyError(name)
 
 
@@ -100,6 +104,7 @@ COMMAND_HELP = {
     "eval": "evaluate a model or checkpoint on math problems (pass@k, cons@k)",
     "rm": "train a reward model",
     "distill": "on-policy distillation: the student samples, a teacher's top-k scores its tokens",
+    "ppo": "train with PPO: a learned critic (value model) and GAE, one sample per prompt",
 }
 
 

@@ -150,7 +150,7 @@ def token_rewards(
 
     Each turn's environment reward lands on that turn's last assistant token: the last valid
     position < turn_ends[b][k] (a turn that generated nothing credits the latest assistant token
-    before it; with none, the sequence's last one). ``extra`` ([B], e.g. the reward shaping that
+    before it; with none, or a reward without a turn end, the sequence's last one). ``extra`` ([B], e.g. the reward shaping that
     the trainer adds to a sequence's total) lands on the sequence's last assistant token.
     ``kl`` ([B, T] per-token KL(π || π_ref) estimates) with ``kl_beta`` is the KL penalty as a
     reward (PPO-RLHF, InstructGPT). A sequence without assistant tokens gets no reward.
@@ -174,7 +174,8 @@ def token_rewards(
         positions = valid[i].nonzero().flatten().tolist()
         if not positions:
             continue
-        for reward, end in zip(turn_rewards[i], turn_ends[i], strict=True):
+        for k, reward in enumerate(turn_rewards[i]):
+            end = turn_ends[i][k] if k < len(turn_ends[i]) else t
             before = [p for p in positions if p < end]
             out[i, before[-1] if before else positions[-1]] += reward
         if extra is not None:

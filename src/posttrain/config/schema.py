@@ -1326,6 +1326,11 @@ class PPOConfig(Strict):
         """The loop settings under the name the shared RL phases (GRPOTrainer's) read."""
         return self.ppo
 
+    @property
+    def teacher(self) -> None:
+        """PPO has no on-policy-distillation teacher (GRPOTrainer's setup reads this)."""
+        return None
+
     @model_validator(mode="after")
     def _consistent(self) -> PPOConfig:
         if self.generation.placement == "split":

@@ -18,6 +18,7 @@ class PolicyGroup:
     """N data-parallel `Policy` ranks. Every batch is split into N equal contiguous shards."""
 
     worker_cls: type[Policy] = Policy
+    worker_name = "policy"
 
     def __init__(
         self,
@@ -44,7 +45,7 @@ class PolicyGroup:
             )
             for r in range(n)
         ]
-        self.workers = make_workers(self.worker_cls, kwargs, cluster, name="policy")
+        self.workers = make_workers(self.worker_cls, kwargs, cluster, name=self.worker_name)
         # FSDP2: every forward pass is a collective of all ranks, so every call must reach every rank
         self.collective = cfg.fsdp and n > 1
         if n > 1:

@@ -1,0 +1,262 @@
+"""PPO with a learned critic and generalised advantage estimation (GAE).
+
+One step:
+  1. sample `prompts_per_step` tasks and G = `generations_per_prompt` episodes each (G = 1 by
+     default: the critic is the baseline), with GRPO's rollouts (any environment, several turns);
+  2. per-token rewards: each turn's environment reward on that turn's last assistant token (reward
+     shaping of the episode's total on its last one), minus β KL_t with `loss.kl_in_reward`;
+     observation and prompt tokens get none;
+  3. the critic's values V(s_t) of the batch; GAE over the assistant tokens (observation tokens
+     skipped): λ_critic gives the value targets R = A + V, λ_actor (or VAPO's length-adaptive λ)
+     the policy's advantages, whitened over the batch's assistant tokens;
+  4. `ppo_epochs` passes over the batch in `updates_per_batch` minibatches: the critic minimises the
+     clipped value loss; after `critic_warmup_steps` steps the policy also minimises the clipped
+     surrogate (GRPO's `grpo_loss` with per-token advantages, all of `loss.*`).
+Everything else (generation, refits, validation, checkpoints, the loop) is GRPOTrainer's.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.algorithms.advantages import clip_advantages
+from posttrain.algorithms.dapo import overlong_filter_mask
+from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards, whiten
+from posttrain.algorithms.policy_loss import kl_estimate
+from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance
+from posttrain.config.schema import PPOConfig
+from posttrain.distributed.critic_group import (
+    ColocatedCritic,
+    PPOActorGroup,
+    SplitCritic,
+    split_critic_cluster,
+)
+from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
+from posttrain.trainers.common import latest_values, save_controller_state
+from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, grpo_loss
+
+
+@dataclass
+class PPOBatch(RLBatch):
+    """An RL batch with the critic's side, per token [B, T]: `values` V(s_t) when the batch was
+    collected (the clipped value loss's V_old) and `returns`, the value targets."""
+
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+
+def value_loss_fn(
+    values: torch.Tensor, batch: PPOBatch, normalizer: float, *, clip: float | None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The critic's loss on a microbatch (`clipped_value_loss`, normalised by the global token count)."""
+    return clipped_value_loss(
+        values, batch.values, batch.returns, batch.loss_mask, normalizer=normalizer, clip=clip
+    )
+
+
+def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """(mean, population std) of x over mask = 1 (0, 0 when empty)."""
+    selected = x.detach().double()[mask.bool()]
+    if selected.numel() == 0:
+        return 0.0, 0.0
+    return float(selected.mean()), float(selected.std(unbiased=False))
+
+
+class PPOTrainer(GRPOTrainer):
+    """GRPOTrainer's workers and loop, plus a critic; `make_batch` and `train_on` are PPO's."""
+
+    policy_group_cls = PPOActorGroup
+
+    def __init__(self, cfg: PPOConfig) -> None:
+        self.current_step = 0
+        super().__init__(cfg)  # type: ignore[arg-type]
+        self.critic: SplitCritic | ColocatedCritic = (
+            ColocatedCritic(self.policy)  # type: ignore[arg-type]
+            if cfg.critic.placement == "colocated"
+            else SplitCritic(
+                cfg.critic.policy_config(cfg.policy),
+                split_critic_cluster(
+                    cfg.cluster,
+                    num_workers=cfg.critic.num_workers,
+                    cpus_per_worker=cfg.critic.cpus_per_worker,
+                ),
+                **self.critic_kwargs(),
+            )
+        )
+
+    # ---------------------------------------------------------------- the critic's workers
+    def critic_kwargs(self) -> dict[str, Any]:
+        """The critic's model and scheduler length (optimizer steps over the whole run)."""
+        from posttrain.models.hub import resolve_model
+
+        cfg = self.cfg
+        model = resolve_model(cfg.critic.model_name) if cfg.critic.model_name else self.model_path
+        steps = cfg.ppo.max_steps * cfg.ppo.ppo_epochs * cfg.ppo.updates_per_batch
+        return {"model_path": model, "total_steps": steps}
+
+    def policy_worker_kwargs(self) -> dict[str, Any]:
+        """colocated: every policy worker builds and holds a critic rank."""
+        if self.cfg.critic.placement != "colocated":
+            return {}
+        return {"critic": {"cfg": self.cfg.critic.policy_config(self.cfg.policy), **self.critic_kwargs()}}
+
+    # ---------------------------------------------------------------- phases
+    def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+        self.current_step = step
+        rollouts, stats = super().collect(step)
+        if self.cfg.ppo.generations_per_prompt == 1:
+            stats.pop("reward/zero_variance_fraction", None)  # every group of one has no spread
+        return rollouts, stats
+
+    def token_kl(self, batch: PPOBatch) -> torch.Tensor | None:
+        """[B, T] KL(π_old || π_ref) estimates on assistant tokens for the KL reward, else None."""
+        loss = self.cfg.loss
+        if not (loss.kl_in_reward and loss.kl_beta > 0):
+            return None
+        self.add_logprobs(batch)
+        policy_lp = batch.old_logprobs if batch.old_logprobs is not None else batch.generation_logprobs
+        kl = kl_estimate(
+            policy_lp.double(),
+            batch.reference_logprobs.double(),
+            loss.kl_estimator,
+            input_clamp=loss.kl_input_clamp,
+            output_clamp=loss.kl_output_clamp,
+        )
+        return torch.where(batch.loss_mask.bool(), kl, torch.zeros_like(kl))
+
+    def make_batch(self, rollouts: Rollouts) -> tuple[PPOBatch, dict[str, float]]:
+        """Per-token rewards, the critic's values, GAE returns and (whitened) advantages."""
+        cfg, adv = self.cfg, self.cfg.advantage
+        rewards = self.rewards(rollouts)  # scaled + overlong-shaped episode totals
+        trajectories = rollouts.trajectories
+        batch = PPOBatch(
+            **vars(build_rl_batch(trajectories, torch.zeros(len(rewards)), self.tokenizer.pad_token_id))
+        )
+        mask = batch.loss_mask
+        kl = self.token_kl(batch)
+        env_totals = torch.tensor([sum(t.turn_rewards) for t in trajectories], dtype=torch.float64)
+        per_token = token_rewards(
+            [t.turn_rewards for t in trajectories],
+            [[end for _, end in t.turn_spans] for t in trajectories],
+            tuple(mask.shape),
+            mask,
+            extra=rewards.double() - env_totals,
+            kl=kl,
+            kl_beta=cfg.loss.kl_beta,
+        )
+        with self.timer("values"):
+            values = self.critic.values(batch)
+        critic_side = gae_advantages(per_token, values.double(), mask, gamma=adv.gamma, lam=adv.lam_critic)
+        lam_actor = (
+            length_adaptive_lambda(mask.sum(-1), alpha=adv.lam_actor_alpha)
+            if adv.lam_actor_alpha is not None
+            else adv.lam_actor
+        )
+        actor_side = gae_advantages(per_token, values.double(), mask, gamma=adv.gamma, lam=lam_actor)
+        advantages = whiten(actor_side.advantages, mask) if adv.whiten else actor_side.advantages
+        batch.advantages = clip_advantages(advantages, adv.clip).float()
+        batch.values, batch.returns = values, critic_side.returns.float()
+        returns_mean, returns_std = masked_stats(critic_side.returns, mask)
+        adv_mean, adv_std = masked_stats(actor_side.advantages, mask)
+        metrics = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "response_length": float(rollouts.response_lengths.mean()),
+            "truncation_rate": float(rollouts.truncated.float().mean()),
+            "entropy": float(-(batch.generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
+            "critic/explained_variance": explained_variance(values, critic_side.returns, mask),
+            "critic/values_mean": masked_stats(values, mask)[0],
+            "returns/mean": returns_mean,
+            "returns/std": returns_std,
+            "advantages/mean": adv_mean,  # before whitening
+            "advantages/std": adv_std,
+        }
+        if kl is not None:
+            metrics["reward/kl_penalty"] = float(cfg.loss.kl_beta * kl.sum(-1).mean())
+        if adv.lam_actor_alpha is not None:
+            metrics["advantages/lam_actor_mean"] = float(torch.as_tensor(lam_actor).double().mean())
+        if cfg.dapo.overlong_filter:
+            batch.loss_mask = mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
+        return batch, metrics
+
+    def add_logprobs(self, batch: RLBatch) -> None:
+        """π_ref's logprobs (KL penalty) and π_old's (when the batch gets several policy updates)."""
+        p = self.cfg.ppo
+        if self.cfg.loss.kl_beta > 0 and batch.reference_logprobs is None:
+            with self.timer("reference_logprobs"):
+                batch.reference_logprobs = self.policy.reference_logprobs(batch)
+        if p.ppo_epochs * p.updates_per_batch > 1 and batch.old_logprobs is None:
+            with self.timer("old_logprobs"):
+                batch.old_logprobs = self.policy.logprobs(batch)
+
+    def policy_trains(self) -> bool:
+        """False during the critic's warm-up (the first `ppo.critic_warmup_steps` steps)."""
+        return self.current_step >= self.cfg.ppo.critic_warmup_steps
+
+    def train_on(self, batch: PPOBatch) -> dict[str, float]:  # type: ignore[override]
+        """`ppo_epochs` passes of `updates_per_batch` minibatches: a critic step on each, and a policy
+        step once the warm-up is over. Metrics are means over the updates."""
+        p = self.cfg.ppo
+        train_policy = self.policy_trains()
+        if train_policy:
+            self.add_logprobs(batch)
+        minibatches = batch.chunks(p.updates_per_batch)
+        updates = p.ppo_epochs * len(minibatches)
+        value_fn = functools.partial(value_loss_fn, clip=self.cfg.critic.value_clip)
+        metrics: dict[str, float] = {"critic/warmup": float(not train_policy)}
+
+        def add(prefix: str, values: dict[str, float]) -> None:
+            for k, v in values.items():
+                metrics[prefix + k] = metrics.get(prefix + k, 0.0) + v / updates
+
+        with self.timer("training"):
+            for _ in range(p.ppo_epochs):
+                for mb in minibatches:
+                    out = self.critic.train(mb, value_fn, max(1.0, float(mb.loss_mask.sum())))
+                    add("critic/", out.loss_metrics)
+                    metrics["critic/grad_norm"], metrics["critic/lr"] = out.grad_norm, out.lr
+                    if train_policy:
+                        normalizer, tokens = self.normalizers(mb)
+                        loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
+                        out = self.policy.train(mb, loss_fn, normalizer)
+                        add("", out.loss_metrics)
+                        metrics["grad_norm"], metrics["lr"] = out.grad_norm, out.lr
+        if train_policy:
+            metrics.update(self.refit())
+        return metrics
+
+    # ---------------------------------------------------------------- state
+    def save(self, step: int, history: list[dict[str, float]]) -> Path:
+        """GRPO's checkpoint plus the critic's (weights, optimizer, scheduler) in `critic/`."""
+
+        def write(directory: Path) -> None:
+            self.policy.save_checkpoint(directory)
+            self.critic.save_checkpoint(directory / "critic")
+            self.tokenizer.save_pretrained(directory / "model")
+            state = {"sampler": self.sampler.state_dict(), "next_group_id": self.next_group_id}
+            save_controller_state(directory, step, state, self.cfg)
+
+        return self.checkpointer.save(step, write, metrics=latest_values(history, step))
+
+    def restore(self, checkpoint: Path) -> int:
+        self.critic.load_checkpoint(checkpoint / "critic")
+        step = super().restore(checkpoint)
+        self.current_step = step
+        return step
+
+    def shutdown(self) -> None:
+        self.critic.shutdown()
+        super().shutdown()
+
+
+def run_ppo(cfg: PPOConfig, *, stop_after: int | None = None) -> GRPOResult:
+    trainer = PPOTrainer(cfg)
+    try:
+        return trainer.fit(stop_after=stop_after)
+    finally:
+        trainer.shutdown()
