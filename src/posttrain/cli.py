@@ -62,7 +62,9 @@ def _print_eval(run_eval: Callable) -> Callable:
 def _export_command(args: argparse.Namespace) -> int:
     from posttrain.checkpoint.export import export_checkpoint
 
-    result = export_checkpoint(args.checkpoint, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
+    result = export_checkpoint(
+        args.checkpoint, args.out_dir, dtype=args.dtype, overwrite=args.overwrite, adapter=args.adapter
+    )
     template = "with" if result.has_chat_template else "WITHOUT"
     print(
         f"exported {result.checkpoint} (step {result.step}) to {result.path}, tokenizer {template} chat template"
@@ -137,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", choices=["float32", "bfloat16"], help="cast the weights (default: the run's policy.dtype)"
     )
     export.add_argument("--overwrite", action="store_true", help="replace out_dir if it exists")
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="LoRA checkpoints: write the peft adapter folder instead of the merged model",
+    )
     export.set_defaults(func=_export_command)
     doc = sub.add_parser(
         "doctor", help="check this machine for a run; print the fix for each problem", parents=[debug]

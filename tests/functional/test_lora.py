@@ -212,3 +212,220 @@ def test_refit_makes_the_generator_run_the_merged_weights(tiny_model_dir, tokeni
     finally:
         generator.shutdown()
         policy.shutdown()
+
+
+# ------------------------------------------------------------------ trainers end to end, export
+LORA_OVERRIDES = {"policy.lora.rank": RANK, "policy.lora.alpha": 8, "policy.optimizer.lr": 1e-2}
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory):
+    from conftest import write_sft_jsonl
+
+    return write_sft_jsonl(tmp_path_factory.mktemp("lora_sft") / "train.jsonl", n=24)
+
+
+def test_sft_with_lora_learns_and_exports_merged_and_as_adapter(
+    tiny_model_dir, sft_data, tokenizer, tmp_path
+):
+    from conftest import sft_overrides
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.checkpoint.export import export_checkpoint
+    from posttrain.cli import main
+    from posttrain.config import SFTConfig, load_config
+    from posttrain.errors import UserError
+    from posttrain.trainers.sft import run_sft
+
+    overrides = {**LORA_OVERRIDES, "sft.max_steps": 6, "sft.val_every": 3}
+    cfg = load_config(SFTConfig, None, sft_overrides(tiny_model_dir, sft_data, tmp_path / "run", **overrides))
+    result = run_sft(cfg)
+    losses = [h["loss"] for h in result.history if "loss" in h]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    ckpt = result.last_checkpoint
+    assert (ckpt / "model" / "adapter_config.json").is_file()
+    assert not list((ckpt / "model").glob("model*.safetensors"))  # the adapter only
+
+    batch = _batch(tokenizer)
+    trained = _actor(tiny_model_dir, _cfg())
+    trained.load_checkpoint(str(ckpt))
+    want = _logits(trained.model, batch)
+    assert (want - _logits(_base(tiny_model_dir), batch)).abs().max() > 1e-3  # it learned something
+
+    merged = export_checkpoint(ckpt, tmp_path / "merged").path
+    assert main(["export", str(ckpt), str(tmp_path / "adapter"), "--adapter"]) == 0
+    plain = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+    with_peft = PeftModel.from_pretrained(_base(tiny_model_dir), tmp_path / "adapter")
+    for model in (plain, with_peft):
+        assert (_logits(model, batch) - want).abs().max() <= 1e-5
+    assert not any("lora" in name for name in plain.state_dict())
+    # a LoRA checkpoint is not a whole model: where one is needed, the error says to export it
+    from posttrain.checkpoint.export import resolve_model_source
+
+    with pytest.raises(UserError, match="posttrain export"):
+        resolve_model_source(str(ckpt))
+
+
+def test_grpo_with_lora_colocated_with_kl_and_split_with_refit_gate(tiny_model_dir, tmp_path):
+    from conftest import grpo_test_config
+
+    from posttrain.trainers.grpo import run_grpo
+
+    runs = {
+        "colocated": {"loss.kl_beta": 0.1},
+        "split": {
+            "generation.placement": "split",
+            "generation.refit_transport": "object_store",
+            "generation.refit_check.mode": "checksum",
+        },
+    }
+    for name, extra in runs.items():
+        result = run_grpo(grpo_test_config(tiny_model_dir, tmp_path / name, **LORA_OVERRIDES, **extra))
+        train = [h for h in result.history if "reward/mean" in h]
+        assert [h["step"] for h in train] == [1, 2], name
+        assert (result.last_checkpoint / "model" / "adapter_model.safetensors").is_file()
+        if name == "split":
+            assert all(h["refit/checksum_relative_diff"] < 1e-9 for h in train)
+        else:
+            assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the reference is the step-0 policy
+
+
+def test_lora_refuses_shared_memory_refits():
+    from posttrain.config import load_config
+    from posttrain.config.schema import GRPOConfig
+
+    with pytest.raises(ValueError, match="LoRA"):
+        load_config(
+            GRPOConfig,
+            None,
+            ["policy.lora.rank=4", "generation.placement=split", "generation.refit_transport=shared_memory"],
+        )
+    cfg = load_config(GRPOConfig, None, ["policy.lora.rank=4", "generation.placement=split"])
+    assert cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.split_weights) != "shared_memory"
+
+
+@pytest.fixture(scope="module")
+def preference_data(tmp_path_factory):
+    from preference_helpers import write_preference_jsonl
+
+    return write_preference_jsonl(tmp_path_factory.mktemp("lora_pref") / "train.jsonl", n=8)
+
+
+def test_dpo_and_rm_with_lora(tiny_model_dir, preference_data, tokenizer, tmp_path):
+    from preference_helpers import preference_overrides
+
+    from posttrain.checkpoint.export import export_checkpoint
+    from posttrain.config import load_config
+    from posttrain.config.schema import DPOConfig, RMConfig
+    from posttrain.errors import UserError
+    from posttrain.models.reward_model import load_reward_model
+    from posttrain.trainers.dpo import run_dpo
+    from posttrain.trainers.rm import run_rm
+
+    extra = {**LORA_OVERRIDES, "max_steps": 2, "val_every": 2}
+    for section, config, run in (("dpo", DPOConfig, run_dpo), ("rm", RMConfig, run_rm)):
+        knobs = {k if k.startswith("policy.") else f"{section}.{k}": v for k, v in extra.items()}
+        overrides = preference_overrides(
+            tiny_model_dir, preference_data, tmp_path / section, section, **knobs
+        )
+        result = run(load_config(config, None, overrides))
+        train = [h for h in result.history if "loss" in h]
+        assert [h["step"] for h in train] == [1, 2], section
+        if section == "dpo":  # π = π_ref (the base, adapters off) at step 1: -log σ(0)
+            assert train[0]["loss"] == pytest.approx(0.6931, abs=1e-3)
+    # the reward model trains its new score head in full beside the adapters; export merges both
+    ckpt = result.last_checkpoint
+    with pytest.raises(UserError, match="posttrain export"):
+        load_reward_model(ckpt, torch.float32)
+    merged = load_reward_model(export_checkpoint(ckpt, tmp_path / "rm_merged").path, torch.float32).eval()
+    from posttrain.models.reward_model import RewardPolicy
+
+    trained = RewardPolicy(
+        _cfg(), pad_token_id=tokenizer.pad_token_id, model_path=str(tiny_model_dir), total_steps=2
+    )
+    trained.load_checkpoint(str(ckpt))
+    batch = _batch(tokenizer)
+    with torch.no_grad():
+        got = merged(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.squeeze(-1)
+    assert (got - trained.scores(batch)).abs().max() <= 1e-5
+
+
+def test_distill_with_lora(tiny_model_dir, tmp_path):
+    from posttrain.config import load_config
+    from posttrain.config.schema import DistillConfig
+    from posttrain.trainers.distill import run_distill
+
+    overrides = {
+        "policy.model_name": str(tiny_model_dir),
+        "policy.max_seq_len": 96,
+        "teacher.model_name": str(tiny_model_dir),
+        "data.train.reasoning_gym.size": 16,
+        "data.validation": "null",
+        "distill.max_steps": 2,
+        "distill.prompts_per_step": 2,
+        "distill.generations_per_prompt": 2,
+        "distill.topk_logits_k": 8,
+        "generation.max_new_tokens": 8,
+        "cluster.backend": "local",
+        "logging.run_dir": str(tmp_path / "run"),
+        "logging.tensorboard": False,
+        **LORA_OVERRIDES,
+    }
+    result = run_distill(load_config(DistillConfig, None, [f"{k}={v}" for k, v in overrides.items()]))
+    train = [h for h in result.history if "distill/divergence" in h]
+    assert [h["step"] for h in train] == [1, 2]
+    # the teacher is the student's base model: the step-1 divergence is 0 (B = 0)
+    assert train[0]["distill/divergence"] == pytest.approx(0.0, abs=1e-5)
+
+
+# ------------------------------------------------------------------ FSDP2 (2 CPU workers, gloo)
+@pytest.mark.ray
+def test_fsdp2_lora_matches_one_plain_worker_and_refits_merged(
+    ray_cluster, tiny_model_dir, tokenizer, tmp_path
+):
+    from posttrain.distributed.actor_group import ActorGroup
+
+    batch = _batch(tokenizer)
+    kw = dict(
+        model_path=str(tiny_model_dir), tokenizer_path=str(tiny_model_dir), total_steps=4, reference=True
+    )
+    results = {}
+    for name, cfg, workers in (("plain", _cfg(), 1), ("fsdp", _cfg(fsdp=True), 2)):
+        group = ActorGroup(cfg, ClusterConfig(backend="ray", num_workers=workers), **kw)
+        try:
+            ref0 = group.reference_logprobs(batch)
+            out = group.train(batch, _nll, float(batch.loss_mask.sum()))
+            group.save_checkpoint(tmp_path / name)
+            results[name] = dict(
+                out=out,
+                ref=(ref0, group.reference_logprobs(batch)),
+                logprobs=group.logprobs(batch),
+                checksums=group.parameters_checksum(),
+                merged=group.packed_weights(),
+            )
+            if name == "fsdp":  # resume: train, reload, the same weights as after the saved step
+                group.train(batch, _nll, float(batch.loss_mask.sum()))
+                group.load_checkpoint(tmp_path / name)
+                assert group.parameters_checksum()[0] == pytest.approx(
+                    results[name]["checksums"][0], rel=1e-12
+                )
+        finally:
+            group.shutdown()
+    plain, fsdp = results["plain"], results["fsdp"]
+    assert fsdp["out"].loss_metrics["loss"] == pytest.approx(plain["out"].loss_metrics["loss"], rel=1e-5)
+    assert fsdp["out"].grad_norm == pytest.approx(plain["out"].grad_norm, rel=1e-4)
+    for ref in (*plain["ref"], *fsdp["ref"]):  # the reference stays the base model
+        assert (ref - plain["ref"][0]).abs().max() <= 1e-5
+    assert (fsdp["logprobs"] - plain["logprobs"]).abs().max() <= 1e-4
+    assert (fsdp["logprobs"] - plain["ref"][0]).abs().max() > 1e-3
+    a, b = fsdp["checksums"]  # every rank fingerprints the same merged weights
+    assert a == b and a == pytest.approx(plain["checksums"][0], rel=1e-6)
+    from posttrain.models.refit import unpack
+
+    merged = {}
+    for bucket in fsdp["merged"]:
+        import ray
+
+        merged.update((n, t.clone()) for n, t in unpack([ray.get(bucket).to_packed()]))
+    assert "model.layers.0.self_attn.q_proj.weight" in merged and not any("lora" in n for n in merged)

@@ -7,11 +7,18 @@ safetensors (sharded by transformers' size limit, with an index), the tokenizer 
 template, and a generation config whose EOS ids include the tokenizer's, so that
 `AutoModelForCausalLM.from_pretrained(OUT)` and `vllm serve OUT` work. The folder is written
 beside OUT and renamed into place, so an interrupted export leaves nothing half-written.
+
+A LoRA run's checkpoint holds a peft adapter folder in `model/` (format.json: `lora_adapter` and the
+base model's path). Export then loads the base model, applies the adapter with
+`peft.PeftModel.from_pretrained` and writes the merged model (`merge_and_unload`), a plain HF folder;
+with `adapter=True` (`posttrain export --adapter`) it writes the adapter folder itself, which
+`PeftModel.from_pretrained(base, OUT)` loads.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +26,11 @@ from typing import Any
 import yaml
 
 from posttrain.checkpoint.checkpointer import COMPLETE, Checkpointer, atomic_directory
-from posttrain.errors import ExistingFileError, MissingFileError
+from posttrain.errors import ExistingFileError, MissingFileError, UserError
 
 FORMAT_FILE = "format.json"
 FULL_STATE = "hf_full_state"
+LORA_ADAPTER = "lora_adapter"
 
 
 @dataclass(frozen=True)
@@ -87,19 +95,25 @@ def resolve_model_source(name: str, tokenizer_name: str | None = None) -> ModelS
 
 def check_full_state(checkpoint: Path) -> None:
     """Refuse checkpoints whose `model/` is not the full weights (checkpoints without format.json are)."""
+    fmt = _format(checkpoint)
+    if fmt.get("model", FULL_STATE) == LORA_ADAPTER:
+        raise UserError(
+            f"{checkpoint} holds a LoRA adapter, not a whole model: merge it first with "
+            f"`posttrain export {checkpoint} OUT` and use OUT"
+        )
+    if fmt.get("model", FULL_STATE) != FULL_STATE:
+        raise ValueError(f"{checkpoint}: model format {fmt.get('model')!r} is not {FULL_STATE!r}")
+
+
+def _format(checkpoint: Path) -> dict[str, Any]:
+    """format.json of a checkpoint ({} for checkpoints written before it existed)."""
     fmt_file = checkpoint / FORMAT_FILE
-    if fmt_file.is_file():
-        fmt = json.loads(fmt_file.read_text())
-        if fmt.get("model") != FULL_STATE:
-            raise ValueError(f"{checkpoint}: model format {fmt.get('model')!r} is not {FULL_STATE!r}")
+    return json.loads(fmt_file.read_text()) if fmt_file.is_file() else {}
 
 
 def _compute_dtype(checkpoint: Path) -> str | None:
     """The dtype the run that wrote `checkpoint` computed in (`policy.dtype`), if format.json records it."""
-    fmt_file = checkpoint / FORMAT_FILE
-    if not fmt_file.is_file():
-        return None
-    return json.loads(fmt_file.read_text()).get("compute_dtype")
+    return _format(checkpoint).get("compute_dtype")
 
 
 def _generation_config(model: Any, tokenizer: Any) -> Any:
@@ -133,35 +147,107 @@ def export_checkpoint(
     tokenizer_name: str | None = None,
     overwrite: bool = False,
     max_shard_size: str = "5GB",
+    adapter: bool = False,
 ) -> ExportResult:
     """Write `checkpoint` (a step folder or run directory) as a Hugging Face folder at `out_dir`.
 
     `dtype` ("float32" / "bfloat16") casts the weights; None: the dtype the run computed in
     (`policy.dtype`, recorded in format.json; checkpoints hold fp32 master weights), or the
-    checkpoint's own dtype for checkpoints that do not record it.
+    checkpoint's own dtype for checkpoints that do not record it. A LoRA checkpoint is merged into
+    its base model (in fp32, then cast), or with `adapter` written as a peft adapter folder.
     """
     from posttrain.models.policy import DTYPES, load_causal_lm
-    from posttrain.models.tokenizer import load_tokenizer
 
+    out = Path(out_dir).expanduser()
+    if out.exists() and not overwrite:
+        raise ExistingFileError(f"{out} exists; choose another folder or pass --overwrite")
+    found = find_checkpoint(checkpoint) if Path(checkpoint).expanduser().is_dir() else None
+    if found is not None and _format(found).get("model") == LORA_ADAPTER:
+        return _export_lora(found, out, dtype, tokenizer_name, max_shard_size, adapter=adapter)
+    if adapter:
+        raise UserError(f"--adapter: {checkpoint} is not a LoRA checkpoint (its run did not set policy.lora)")
     source = resolve_model_source(str(checkpoint), tokenizer_name)
     if source.checkpoint is None:
         raise MissingFileError(
             f"{checkpoint} is not a posttrain checkpoint (a step_* folder with {COMPLETE} and model/) "
             "nor a run directory that holds one"
         )
-    out = Path(out_dir).expanduser()
-    if out.exists() and not overwrite:
-        raise ExistingFileError(f"{out} exists; choose another folder or pass --overwrite")
     dtype = dtype or _compute_dtype(source.checkpoint)
     model = load_causal_lm(source.model, DTYPES[dtype] if dtype else "auto")
-    tokenizer = load_tokenizer(source.tokenizer)
-    model.generation_config = _generation_config(model, tokenizer)
+    return _write_export(out, source.checkpoint, source.tokenizer, max_shard_size, model=model)
+
+
+def _export_lora(
+    checkpoint: Path,
+    out: Path,
+    dtype: str | None,
+    tokenizer_name: str | None,
+    max_shard_size: str,
+    *,
+    adapter: bool,
+) -> ExportResult:
+    """A LoRA checkpoint: the adapter folder as it is (`adapter`), or the base model with the adapter merged."""
+    from posttrain.models.hub import resolve_model
+
+    adapter_dir = checkpoint / "model"
+    tokenizer = resolve_model(tokenizer_name) if tokenizer_name else None
+    if tokenizer is None:
+        tokenizer = (
+            str(adapter_dir) if _has_tokenizer(adapter_dir) else _tokenizer_from_run_config(checkpoint)
+        )
+    if adapter:
+        return _write_export(out, checkpoint, tokenizer, max_shard_size, adapter_dir=adapter_dir)
+    from peft import PeftModel
+
+    from posttrain.models.lora import read_adapter_config
+    from posttrain.models.policy import DTYPES, MASTER_DTYPE, load_causal_lm
+
+    base = _format(checkpoint).get("base_model")
+    if not base or not Path(base).exists():
+        raise MissingFileError(
+            f"{checkpoint} is a LoRA adapter of the base model {base!r}, which is not on this machine; "
+            "export it with --adapter, or make the base model available at that path"
+        )
+    if read_adapter_config(adapter_dir).get("task_type") == "SEQ_CLS":  # a reward model (posttrain rm)
+        from posttrain.models.reward_model import load_reward_model
+        from posttrain.models.tokenizer import load_tokenizer
+
+        pad = load_tokenizer(tokenizer).pad_token_id
+        base_model = load_reward_model(base, MASTER_DTYPE, pad_token_id=pad)
+    else:
+        base_model = load_causal_lm(base, MASTER_DTYPE)
+    merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
+    dtype = dtype or _compute_dtype(checkpoint) or "float32"
+    return _write_export(out, checkpoint, tokenizer, max_shard_size, model=merged.to(DTYPES[dtype]))
+
+
+def _write_export(
+    out: Path,
+    checkpoint: Path,
+    tokenizer_path: str,
+    max_shard_size: str,
+    *,
+    model: Any = None,
+    adapter_dir: Path | None = None,
+) -> ExportResult:
+    """The export folder, atomically: the model (or a LoRA adapter folder's files), the tokenizer, and
+    posttrain_export.json naming the checkpoint."""
+    from posttrain.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+    from posttrain.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        if getattr(model, "generation_config", None) is not None:  # a causal LM (not a reward model)
+            model.generation_config = _generation_config(model, tokenizer)
+        if model is not None:
+            model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        if adapter_dir is not None:
+            for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+                shutil.copyfile(adapter_dir / name, tmp / name)
         tokenizer.save_pretrained(tmp)
-        step = json.loads((source.checkpoint / COMPLETE).read_text() or "{}").get("step")
+        step = json.loads((checkpoint / COMPLETE).read_text() or "{}").get("step")
         (tmp / "posttrain_export.json").write_text(
-            json.dumps({"checkpoint": str(source.checkpoint.resolve()), "step": step}, indent=2)
+            json.dumps({"checkpoint": str(checkpoint.resolve()), "step": step}, indent=2)
         )
-    return ExportResult(out, source.checkpoint, step, bool(getattr(tokenizer, "chat_template", None)))
+    return ExportResult(out, checkpoint, step, bool(getattr(tokenizer, "chat_template", None)))

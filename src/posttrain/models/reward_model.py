@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from posttrain.data.batching import TokenBatch
+from posttrain.errors import UserError
 from posttrain.models.packing import packed_hidden_states
 from posttrain.models.policy import MASTER_DTYPE, Policy
 
@@ -23,6 +24,11 @@ def resolve_model_folder(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
         return path / "model"
+    if (path / "model" / "adapter_config.json").is_file() or (path / "adapter_config.json").is_file():
+        raise UserError(
+            f"{path} holds a LoRA adapter (a policy.lora run), not a whole reward model: merge it first with "
+            f"`posttrain export {path} OUT` and use OUT"
+        )
     return path
 
 
