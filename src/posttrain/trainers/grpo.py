@@ -269,6 +269,10 @@ class GRPOResult:
 class GRPOTrainer:
     """Holds the workers and data of one run; `fit()` is the loop."""
 
+    algorithm = "GRPO"
+    """The name in the run's log lines."""
+    plots = PLOTS
+    """The metrics plotted into <run_dir>/plots at the end."""
     policy_group_cls: type[ActorGroup] = ActorGroup
     """The policy's worker group; a subclass's workers may hold more models (PPO: a colocated critic)."""
 
@@ -664,7 +668,7 @@ class GRPOTrainer:
         if self.split:
             placement += f", refit via {self.generator.transport}"
         logger.info(
-            f"GRPO: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
+            f"{self.algorithm}: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
             f"{cfg.grpo.prompts_per_step} prompts x {cfg.grpo.generations_per_prompt} generations per step; "
             f"{self.total_steps} steps; generation {cfg.generation.backend} ({placement}); "
             f"run dir {self.run_dir}" + (f"; resumed from {resume_from}" if resume_from else "")
@@ -729,7 +733,7 @@ class GRPOTrainer:
         finally:
             logger.close()
             if cfg.logging.plots:
-                plot_run(self.run_dir, PLOTS)
+                plot_run(self.run_dir, self.plots)
         return result
 
 

@@ -40,6 +40,17 @@ from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
 from posttrain.trainers.common import latest_values, save_controller_state
 from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, grpo_loss
 
+PLOTS = [
+    "reward/mean",
+    "val/accuracy",
+    "critic/explained_variance",
+    "critic/value_loss",
+    "returns/mean",
+    "pg_loss",
+    "response_length",
+    "timing/step",
+]
+
 
 @dataclass
 class PPOBatch(RLBatch):
@@ -70,6 +81,8 @@ def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
 class PPOTrainer(GRPOTrainer):
     """GRPOTrainer's workers and loop, plus a critic; `make_batch` and `train_on` are PPO's."""
 
+    algorithm = "PPO"
+    plots = PLOTS
     policy_group_cls = PPOActorGroup
 
     def __init__(self, cfg: PPOConfig) -> None:
