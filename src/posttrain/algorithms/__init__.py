@@ -15,6 +15,7 @@ from posttrain.algorithms.advantages import (
     scale_rewards,
 )
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
+from posttrain.algorithms.gae import GAEOutput, gae_advantages, length_adaptive_lambda, token_rewards, whiten
 from posttrain.algorithms.losses import masked_sum, nll_loss
 from posttrain.algorithms.metrics import (
     approx_entropy,
@@ -46,6 +47,7 @@ from posttrain.algorithms.preference import (
     preference_logits,
     sequence_logprobs,
 )
+from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance
 
 __all__ = [
     "masked_sum",
@@ -65,6 +67,13 @@ __all__ = [
     "overlong_filter_mask",
     "overlong_reward_shaping",
     "zero_variance_groups",
+    "GAEOutput",
+    "gae_advantages",
+    "length_adaptive_lambda",
+    "token_rewards",
+    "whiten",
+    "clipped_value_loss",
+    "explained_variance",
     "approx_entropy",
     "cons_at_k",
     "generation_kl",
