@@ -185,3 +185,31 @@ def test_ppo_multi_turn_observation_tokens_masked(tiny_model_dir, tmp_path):
     # turn's tokens and 0.5 on the second's, so their mean lies strictly between
     assert all(0.5 < r["returns/mean"] < 0.75 for r in rows)
     assert all(r["critic/grad_norm"] > 0 for r in rows)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "placement, extra",
+    [("colocated", {"cluster.num_workers": 2}), ("split", {"critic.num_workers": 2})],
+    ids=["colocated_dp2", "split_critic_dp2"],
+)
+def test_ppo_two_steps_on_ray(ray_cluster, tiny_model_dir, tmp_path, placement, extra):
+    """Ray actors: the critic held in 2 data-parallel policy workers, or 2 critic workers of its own
+    next to 1 policy worker (each rank's gradients all-reduced)."""
+    from posttrain.trainers.ppo import run_ppo
+
+    cfg = ppo_test_config(
+        tiny_model_dir,
+        tmp_path / placement,
+        **{
+            "cluster.backend": "ray",
+            "cluster.cpus_per_worker": 1,
+            "critic.placement": placement,
+            "data.validation": "null",
+            "checkpoint.enabled": False,
+            **extra,
+        },
+    )
+    rows = _train_rows(run_ppo(cfg))
+    assert len(rows) == 2 and all(r["critic/grad_norm"] > 0 for r in rows)
+    assert "pg_loss" in rows[1]

@@ -280,6 +280,10 @@ class GRPOTrainer:
         """Extra constructor arguments of the policy workers (GRPO: none)."""
         return {}
 
+    def policy_optimizer_steps(self) -> int:
+        """The policy's optimizer steps over the run: the length of its learning-rate schedule."""
+        return self.cfg.grpo.max_steps * self.cfg.grpo.updates_per_batch
+
     def __init__(self, cfg: GRPOConfig) -> None:
         self.cfg = cfg
         self.run_dir = prepare_run_dir(cfg.logging.run_dir, "grpo", cfg)
@@ -314,7 +318,7 @@ class GRPOTrainer:
             policy_cfg,
             cfg.cluster,
             model_path=self.model_path,
-            total_steps=cfg.grpo.max_steps * cfg.grpo.updates_per_batch,
+            total_steps=self.policy_optimizer_steps(),
             tokenizer_path=tokenizer_path,
             reference=cfg.loss.kl_beta > 0,
             generation=None if cfg.generation.placement == "split" else cfg.generation,

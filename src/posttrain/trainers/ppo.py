@@ -112,6 +112,11 @@ class PPOTrainer(GRPOTrainer):
         steps = cfg.ppo.max_steps * cfg.ppo.ppo_epochs * cfg.ppo.updates_per_batch
         return {"model_path": model, "total_steps": steps}
 
+    def policy_optimizer_steps(self) -> int:
+        """The policy steps after the critic's warm-up: epochs x minibatches per step."""
+        p = self.cfg.ppo
+        return max(1, (p.max_steps - p.critic_warmup_steps) * p.ppo_epochs * p.updates_per_batch)
+
     def policy_worker_kwargs(self) -> dict[str, Any]:
         """colocated: every policy worker builds and holds a critic rank."""
         if self.cfg.critic.placement != "colocated":
