@@ -65,8 +65,9 @@ def _batch(tokenizer, n: int = 4) -> TokenBatch:
 
 
 def _nll(logprobs: torch.Tensor, batch: TokenBatch, normalizer: float):
-    loss = -(logprobs * batch.loss_mask).sum() / normalizer
-    return loss, {"loss": float(loss.detach())}
+    from posttrain.trainers.sft import sft_loss  # importable by Ray workers (a test module's function is not)
+
+    return sft_loss(logprobs, batch, normalizer)
 
 
 def _step(policy: Policy, batch: TokenBatch) -> None:
@@ -385,6 +386,7 @@ def test_fsdp2_lora_matches_one_plain_worker_and_refits_merged(
     ray_cluster, tiny_model_dir, tokenizer, tmp_path
 ):
     from posttrain.distributed.actor_group import ActorGroup
+    from posttrain.trainers.sft import sft_loss
 
     batch = _batch(tokenizer)
     kw = dict(
@@ -395,7 +397,7 @@ def test_fsdp2_lora_matches_one_plain_worker_and_refits_merged(
         group = ActorGroup(cfg, ClusterConfig(backend="ray", num_workers=workers), **kw)
         try:
             ref0 = group.reference_logprobs(batch)
-            out = group.train(batch, _nll, float(batch.loss_mask.sum()))
+            out = group.train(batch, sft_loss, float(batch.loss_mask.sum()))
             group.save_checkpoint(tmp_path / name)
             results[name] = dict(
                 out=out,
@@ -405,7 +407,7 @@ def test_fsdp2_lora_matches_one_plain_worker_and_refits_merged(
                 merged=group.packed_weights(),
             )
             if name == "fsdp":  # resume: train, reload, the same weights as after the saved step
-                group.train(batch, _nll, float(batch.loss_mask.sum()))
+                group.train(batch, sft_loss, float(batch.loss_mask.sum()))
                 group.load_checkpoint(tmp_path / name)
                 assert group.parameters_checksum()[0] == pytest.approx(
                     results[name]["checksums"][0], rel=1e-12

@@ -12,6 +12,7 @@ exceed `max_seq_len` ends truncated. The episode's reward is the sum of its turn
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from posttrain.data.batching import TokenBatch
 from posttrain.data.tokenize import Message, encode_prompt, observation_ids
 from posttrain.environments.interface import EnvStepResult, EpisodeStart, observation_messages, task_start
 from posttrain.environments.tools import template_supports_tools, with_tools_in_system_prompt
+from posttrain.logging.progress import Phase, phase
 from posttrain.logging.timer import Timer
 from posttrain.models.generation import GenerationOutput, SamplingParams
 
@@ -302,8 +304,10 @@ def run_rollouts(
     first_group_id: int = 0,
     timer: Timer | None = None,
     turn_barrier: bool = True,
+    progress: str | None = None,
 ) -> Rollouts:
-    """Episodes for `tasks` (G each).
+    """Episodes for `tasks` (G each); `progress`: the description of a bar of finished episodes
+    shown on a terminal (`posttrain.logging.progress`), None for none.
 
     With `turn_barrier` (and always for one turn) they go turn by turn: every active episode
     generates, then every one is stepped by the environment. Without it each episode's next turn
@@ -330,17 +334,19 @@ def run_rollouts(
         first_group_id=first_group_id,
         tokenizer=tokenizer,
     )
-    if not turn_barrier and max_turns > 1:
-        from posttrain.rollout.continuous import run_continuous
+    with phase(progress, total=len(trajectories)) if progress else contextlib.nullcontext(Phase()) as bar:
+        if not turn_barrier and max_turns > 1:
+            from posttrain.rollout.continuous import run_continuous
 
-        with timer("generation"):
-            trajectories, results = run_continuous(
-                generator, trajectories, environment, tokenizer, params, batch_size, limits
+            with timer("generation"):
+                trajectories, results = run_continuous(
+                    generator, trajectories, environment, tokenizer, params, batch_size, limits
+                )
+        else:
+            results = turn_by_turn(
+                trajectories, generator, environment, tokenizer, params, batch_size, limits, timer, bar
             )
-    else:
-        results = turn_by_turn(
-            trajectories, generator, environment, tokenizer, params, batch_size, limits, timer
-        )
+        bar.update(completed=len(trajectories))
     metrics = environment.batch_metrics(EnvStepResult.concat(results)) if results else {}
     return Rollouts(trajectories, {**metrics, **episode_metrics(trajectories)})
 
@@ -354,8 +360,10 @@ def turn_by_turn(
     batch_size: int,
     limits: EpisodeLimits,
     timer: Timer,
+    progress: Phase | None = None,
 ) -> list[EnvStepResult]:
-    """The turn-synchronous loop: all active episodes generate a turn, then all are stepped."""
+    """The turn-synchronous loop: all active episodes generate a turn, then all are stepped;
+    `progress` counts the finished episodes after each turn."""
     results: list[EnvStepResult] = []
     for turn in range(limits.max_turns):
         active = [t for t in trajectories if not t.done]
@@ -378,6 +386,8 @@ def turn_by_turn(
         results.append(result)
         for j, t in enumerate(active):
             apply_step(t, result, j, turn_ids[j], tokenizer, limits)
+        if progress is not None:
+            progress.update(completed=sum(t.done for t in trajectories))
     return results
 
 

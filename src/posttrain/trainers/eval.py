@@ -190,6 +190,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
             max_observation_tokens=env_cfg.max_observation_tokens,
             timer=timer,
             turn_barrier=env_cfg.turn_barrier or cfg.generation.backend == "vllm",
+            progress="evaluation",
         )
     generation_s = timer.pop().get("timing/generation", 0.0)
     records = sample_records(rollouts, n)

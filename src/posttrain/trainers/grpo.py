@@ -417,8 +417,14 @@ class GRPOTrainer:
         )
 
     def rollouts(
-        self, problems: list[Task], generations: int, params: SamplingParams, timer: Timer | None = None
+        self,
+        problems: list[Task],
+        generations: int,
+        params: SamplingParams,
+        timer: Timer | None = None,
+        progress: str = "generation",
     ) -> Rollouts:
+        """G rollouts per problem; `progress` names the phase's bar on a terminal."""
         out = run_rollouts(
             problems,
             generations_per_prompt=generations,
@@ -433,6 +439,7 @@ class GRPOTrainer:
             first_group_id=self.next_group_id,
             timer=timer or self.timer,
             turn_barrier=self.turn_barrier,
+            progress=progress,
         )
         self.next_group_id += len(problems)
         if self.cfg.generation.vllm.sleep and not self.split:
@@ -610,7 +617,7 @@ class GRPOTrainer:
         start = time.perf_counter()
         params = self.sampling_params(validation=True, seed=self.cfg.grpo.seed)
         # its own timer: validation's generation must not count in the next training step's timings
-        r = self.rollouts(self.val_problems, n, params, timer=Timer())
+        r = self.rollouts(self.val_problems, n, params, timer=Timer(), progress="validation")
         correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in r.trajectories]
         per_problem = [sum(correct[i * n : (i + 1) * n]) for i in range(len(self.val_problems))]
         metrics = {

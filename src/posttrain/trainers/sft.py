@@ -27,6 +27,7 @@ from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_run
+from posttrain.logging.progress import phase
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.trainers.common import (
     latest_values,
@@ -60,11 +61,13 @@ def validation_loss(policy: PolicyGroup, data: SFTDataset, batch_size: int, max_
     """Mean NLL over the assistant tokens of the validation set (one global token mean)."""
     total, count = 0.0, 0.0
     starts = list(range(0, len(data), batch_size))[:max_batches]
-    for start in starts:
-        batch = collate(data.examples[start : start + batch_size])
-        lp = policy.logprobs(batch)
-        total += -(lp * batch.loss_mask).sum().item()
-        count += batch.loss_mask.sum().item()
+    with phase("validation", total=len(starts)) as bar:
+        for start in starts:
+            batch = collate(data.examples[start : start + batch_size])
+            lp = policy.logprobs(batch)
+            total += -(lp * batch.loss_mask).sum().item()
+            count += batch.loss_mask.sum().item()
+            bar.advance()
     return total / max(count, 1.0)
 
 
