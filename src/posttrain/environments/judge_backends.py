@@ -105,7 +105,7 @@ class TransformersJudge:
         self._tokenizer.padding_side = "left"
         dtype = getattr(torch, self.dtype)
         self._model = (
-            AutoModelForCausalLM.from_pretrained(source.model, torch_dtype=dtype).to(self.device).eval()
+            AutoModelForCausalLM.from_pretrained(source.model, dtype=dtype).to(self.device).eval()
         )
 
     def ready(self) -> bool:
