@@ -1,0 +1,90 @@
+"""LoRA's pure pieces on a hand-sized module (float64): the merged weight W + (alpha/r)·B@A, the base
+model's names of the adapted model's parameters, peft's adapter-file names, and switching adapters off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+from posttrain.config.schema import LoraConfig  # noqa: E402
+from posttrain.models.lora import (  # noqa: E402
+    adapted_layers,
+    adapters_disabled,
+    apply_lora,
+    base_name,
+    file_name,
+    merged_specs,
+    merged_weights,
+)
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(2, 2, bias=True, dtype=torch.float64)
+        self.head = torch.nn.Linear(2, 1, bias=False, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.proj(x))
+
+
+def _adapted(alpha: float = 2.0, rslora: bool = False) -> Tiny:
+    model = Tiny()
+    with torch.no_grad():
+        model.proj.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        model.proj.bias.copy_(torch.tensor([0.5, -0.5]))
+        model.head.weight.copy_(torch.tensor([[1.0, -1.0]]))
+    apply_lora(model, LoraConfig(rank=1, alpha=alpha, target_modules=["proj"], rslora=rslora))
+    layer = adapted_layers(model)["proj"]
+    with torch.no_grad():
+        layer.lora_A["default"].weight.copy_(torch.tensor([[1.0, 0.0]]).double())  # A [r=1, in=2]
+        layer.lora_B["default"].weight.copy_(torch.tensor([[1.0], [2.0]]).double())  # B [out=2, r=1]
+    return model
+
+
+def test_merged_weight_is_w_plus_scale_b_a():
+    model = _adapted(alpha=2.0)  # scale alpha / r = 2: B@A = [[1, 0], [2, 0]]
+    merged = dict(merged_weights(model))
+    assert set(merged) == {"proj.weight", "proj.bias", "head.weight"}
+    assert torch.equal(merged["proj.weight"], torch.tensor([[3.0, 2.0], [7.0, 4.0]], dtype=torch.float64))
+    assert torch.equal(merged["proj.bias"], torch.tensor([0.5, -0.5], dtype=torch.float64))
+    # the trained tensors are untouched
+    assert torch.equal(model.proj.base_layer.weight, torch.tensor([[1.0, 2.0], [3.0, 4.0]]).double())
+    assert [(n, s) for n, s, _ in merged_specs(model)] == [(n, tuple(t.shape)) for n, t in merged.items()]
+    # alpha 3: the delta scaled by 3
+    merged3 = dict(merged_weights(_adapted(alpha=3.0)))
+    assert torch.equal(merged3["proj.weight"], torch.tensor([[4.0, 2.0], [9.0, 4.0]], dtype=torch.float64))
+
+
+def test_the_adapted_model_computes_the_merged_weights_and_the_base_with_adapters_off():
+    model = _adapted()
+    x = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    # merged proj: [[3, 2], [7, 4]] x + b = [5.5, 10.5]; head: 5.5 - 10.5 = -5
+    assert model(x).item() == -5.0
+    with adapters_disabled(model):  # base proj: [3.5, 6.5]; head: -3
+        assert model(x).item() == -3.0
+    assert model(x).item() == -5.0
+    assert all(p.requires_grad == ("lora_" in n) for n, p in model.named_parameters())
+
+
+def test_names():
+    assert (
+        base_name("model.layers.0.self_attn.q_proj.base_layer.weight")
+        == "model.layers.0.self_attn.q_proj.weight"
+    )
+    assert base_name("model.layers.0.self_attn.q_proj.lora_A.default.weight") is None
+    assert base_name("score.modules_to_save.default.weight") == "score.weight"
+    assert base_name("score.original_module.weight") is None
+    assert base_name("model.embed_tokens.weight") == "model.embed_tokens.weight"
+    assert (
+        file_name("model.layers.0.mlp.up_proj.lora_B.default.weight")
+        == "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight"
+    )
+    assert file_name("score.modules_to_save.default.weight") == "base_model.model.score.weight"
+
+
+def test_a_target_that_matches_nothing_is_refused():
+    with pytest.raises(ValueError):
+        apply_lora(Tiny(), LoraConfig(rank=1, target_modules=["q_proj"]))
