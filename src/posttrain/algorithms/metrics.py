@@ -132,3 +132,32 @@ def reward_statistics(rewards: torch.Tensor, group_ids: torch.Tensor | None = No
         stats["group_std_mean"] = group_statistics(r, group_ids).std.mean().item()
         stats["zero_variance_fraction"] = zero_variance_groups(r, group_ids).to(torch.float64).mean().item()
     return stats
+
+
+def importance_ratio_stats(
+    old_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    low: float = 0.0,
+    high: float = 2.0,
+) -> dict[str, float]:
+    """Statistics of the raw per-token importance ratio between the trainer's π_old and the policy
+    that sampled the tokens (asynchronous GRPO: an older version, and another engine):
+
+        w_t = exp(log π_old(x_t) - log π_behav(x_t))   over valid tokens t
+
+    Returns mean, min, max, std (population) of w and out_of_bounds: the share of valid tokens with
+    w < low or w > high (the correction's bounds). All 0 without a valid token. Shapes: [B, T] x3.
+    """
+    valid = mask.to(torch.bool)
+    if not bool(valid.any()):
+        return {"mean": 0.0, "min": 0.0, "max": 0.0, "std": 0.0, "out_of_bounds": 0.0}
+    w = torch.exp(old_logprobs.to(torch.float64) - behaviour_logprobs.to(torch.float64))[valid]
+    return {
+        "mean": float(w.mean()),
+        "min": float(w.min()),
+        "max": float(w.max()),
+        "std": float(w.std(correction=0)),
+        "out_of_bounds": float(((w < low) | (w > high)).double().mean()),
+    }

@@ -694,6 +694,30 @@ class GRPOTrainerConfig(Strict):
     val_samples_per_prompt: int = Field(1, gt=0, description="n for pass@k on validation.")
     val_temperature: float = Field(0.0, ge=0, description="0 = greedy.")
     seed: int = 0
+    async_mode: bool = Field(
+        False,
+        description="Asynchronous GRPO (docs/async.md): generation workers keep producing rollout groups "
+        "with the newest weights they have while the policy trains; needs generation.placement=split. "
+        "Stale data gets π_old recomputed and the behaviour-vs-π_old importance weight "
+        "(loss.importance_correction, truncated unless set).",
+    )
+    max_trajectory_age_steps: int = Field(
+        1,
+        ge=0,
+        description="Async: the most policy updates a trajectory's generating weights may lag the trainer; "
+        "older groups are dropped (async/dropped_stale). 0: exactly on-policy (same steps as sync).",
+    )
+    async_buffer_groups: int | None = Field(
+        None,
+        gt=0,
+        description="Async: replay buffer capacity in groups; null: prompts_per_step × (max_trajectory_age_steps + 1).",
+    )
+    async_watchdog_s: float = Field(
+        600.0,
+        gt=0,
+        description="Async: stop the run with an error when no rollout batch arrives for this long while the "
+        "trainer waits (a hung generation worker or environment).",
+    )
 
 
 class GRPOConfig(Strict):
@@ -764,6 +788,38 @@ class GRPOConfig(Strict):
         if distill and self.teacher.placement == "split" and self.cluster.backend == "local":
             if self.teacher.num_workers > 1:
                 raise ValueError("teacher.num_workers > 1 needs cluster.backend=ray")
+        return self
+
+    @model_validator(mode="after")
+    def _async_mode(self) -> GRPOConfig:
+        """Asynchronous GRPO needs generation workers of its own, a snapshot-capable refit and whole
+        batches; its importance correction defaults to truncated IS."""
+        g = self.grpo
+        if not g.async_mode:
+            return self
+        if self.generation.placement != "split":
+            raise ValueError(
+                "grpo.async_mode=true generates while the policy trains, so generation needs workers of "
+                "its own: set generation.placement=split"
+            )
+        transport = self.generation.resolved_refit_transport(self.cluster, self.policy.split_weights)
+        if transport == "collective":
+            raise ValueError(
+                "grpo.async_mode=true loads weight snapshots between generation batches; the collective "
+                "transport needs both sides at once. Set generation.refit_transport=object_store "
+                "(or shared_memory on one CPU machine)"
+            )
+        if self.dapo.dynamic_sampling:
+            raise ValueError(
+                "grpo.async_mode=true does not combine with dapo.dynamic_sampling yet: set one of them to false"
+            )
+        if g.async_buffer_groups is not None and g.async_buffer_groups < g.prompts_per_step:
+            raise ValueError(
+                f"grpo.async_buffer_groups={g.async_buffer_groups} cannot hold one step's "
+                f"{g.prompts_per_step} groups (grpo.prompts_per_step); raise it or leave it null"
+            )
+        if "importance_correction" not in self.loss.model_fields_set:
+            self.loss.importance_correction = "truncated"
         return self
 
     @model_validator(mode="after")

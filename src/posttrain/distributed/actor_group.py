@@ -73,6 +73,13 @@ class ActorGroup(PolicyGroup):
     def unlink_shared_weights(self) -> None:
         self.workers.run(ActorPolicy.unlink_shared_weights)
 
+    def publish_weights(self) -> SharedWeightsHandle | None:
+        """Copy the weights into rank 0's shared-memory snapshot (asynchronous GRPO); its handle."""
+        return self.workers.run(ActorPolicy.publish_weights)[0]
+
+    def unlink_snapshot(self) -> None:
+        self.workers.run(ActorPolicy.unlink_snapshot)
+
     def refit_engine(self) -> int:
         """Colocated vLLM: every rank copies its trained weights into its own engine."""
         return self.workers.run(ActorPolicy.refit_engine)[0]
@@ -149,6 +156,14 @@ class GenerationGroup:
             return count
         buckets = policy.packed_weights(self.wire_dtype)
         return self.workers.run(GenerationWorker.load_weights, [(buckets,)] * len(self.workers))[0]
+
+    def load_snapshot(self, snapshot: SharedWeightsHandle | list) -> int:
+        """Asynchronous GRPO: load a weight snapshot the policy published (a shared-memory snapshot's
+        handle, or packed buckets) into every worker; tensors loaded per worker."""
+        n = len(self.workers)
+        if isinstance(snapshot, SharedWeightsHandle):
+            return self.workers.run(GenerationWorker.load_shared, [(snapshot,)] * n)[0]
+        return self.workers.run(GenerationWorker.load_weights, [(snapshot,)] * n)[0]
 
     def _broadcast_from(self, policy: ActorGroup) -> int:
         n = len(self.workers)

@@ -29,6 +29,7 @@ from posttrain.models.refit import (
     PackedBucket,
     RefitGroup,
     SharedFlatWeights,
+    SharedSnapshot,
     SharedWeightsHandle,
     host_refit_store,
     load_packed,
@@ -117,6 +118,7 @@ class ActorPolicy(Sampling, Policy):
                 generation, cfg, kwargs["model_path"], tokenizer_path, self.device, rank=self.rank
             )
         self.refit_group: RefitGroup | None = None
+        self.snapshot: SharedSnapshot | None = None
         self._refit_store: Any = None
         self._refit_layouts: dict[torch.dtype | None, list[BucketLayout]] = {}
 
@@ -141,6 +143,23 @@ class ActorPolicy(Sampling, Policy):
         """Once every reader has mapped the buffers, remove their names (the mappings stay valid)."""
         if self.shared is not None:
             self.shared.close()
+
+    def publish_weights(self) -> SharedWeightsHandle | None:
+        """Asynchronous GRPO, shared_memory transport: copy the current weights into this rank's shared
+        snapshot (made on first use) and return its handle (rank 0; other ranks None). Generation
+        workers load the snapshot, never the weights that training updates in place."""
+        if self.rank != 0:
+            return None
+        if self.snapshot is None:
+            self.snapshot = SharedSnapshot(self.model)
+            atexit.register(self.snapshot.close)
+        self.snapshot.write(self.model)
+        return self.snapshot.handle
+
+    def unlink_snapshot(self) -> None:
+        """Once every reader has mapped the snapshot, remove its files' names."""
+        if self.snapshot is not None:
+            self.snapshot.close()
 
     def refit_engine(self) -> int:
         """Colocated vLLM: copy the trained weights into the engine (no disk, no other process)."""

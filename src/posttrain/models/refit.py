@@ -205,6 +205,49 @@ class SharedFlatWeights:
         self.paths = []
 
 
+class SharedSnapshot:
+    """A copy of a model's parameters in flat shared-memory buffers (one per dtype, files in /dev/shm)
+    that generation workers on the same machine map: the double buffer of asynchronous GRPO.
+
+    Unlike `SharedFlatWeights` the parameters stay where they are, so training never writes these
+    buffers; only `write` does, which the controller never runs while a reader loads them
+    (`posttrain.rollout.async_collector`). The handle is the same as `SharedFlatWeights`'s."""
+
+    def __init__(self, model: torch.nn.Module, directory: str = "/dev/shm") -> None:
+        self.paths: list[str] = []
+        self.views: dict[str, torch.Tensor] = {}
+        by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+        for name, param in model.named_parameters():
+            by_dtype.setdefault(param.dtype, []).append((name, param))
+        files, entries = [], []
+        for dtype, items in by_dtype.items():
+            numel = sum(p.numel() for _, p in items)
+            path = f"{directory}/posttrain-snapshot-{os.getpid()}-{uuid.uuid4().hex[:8]}-{str(dtype)[6:]}"
+            buffer = torch.from_file(path, shared=True, size=numel, dtype=dtype)
+            self.paths.append(path)
+            offset, table = 0, []
+            for name, param in items:
+                self.views[name] = buffer[offset : offset + param.numel()].view(param.shape)
+                table.append((name, tuple(param.shape), offset))
+                offset += param.numel()
+            files.append((path, dtype, numel))
+            entries.append(table)
+        self.handle = SharedWeightsHandle(files, entries)
+
+    @torch.no_grad()
+    def write(self, model: torch.nn.Module) -> None:
+        """Copy the model's current parameters into the buffers."""
+        for name, param in model.named_parameters():
+            self.views[name].copy_(param.detach())
+
+    def close(self) -> None:
+        """Remove the files' names (mappings, the writer's and the readers', stay valid)."""
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.paths = []
+
+
 def map_shared(handle: SharedWeightsHandle) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) views into the writer's shared buffers; they show its latest weights."""
     out = []

@@ -52,6 +52,8 @@ class Trajectory:
     scored: False when the environment could not score the episode: left out of the loss.
     stop_reason: "done" (the environment ended it), "max_turns", or "truncated" (max_new_tokens
         or max_seq_len reached).
+    policy_version: the version of the policy weights that generated it (the number of policy updates
+        before them); None when unknown (then it is never treated as exactly on-policy).
     """
 
     input_ids: list[int]
@@ -72,6 +74,7 @@ class Trajectory:
     stop_strings: tuple[str, ...] = ()
     response_prefix: str = ""
     prefix_ids: list[int] = field(default_factory=list)
+    policy_version: int | None = None
 
     @property
     def response_length(self) -> int:
@@ -113,12 +116,14 @@ class Rollouts:
 
 @dataclass
 class RLBatch(TokenBatch):
-    """TokenBatch plus advantages [B] and logprobs [B, T] of the generator, π_old and the reference."""
+    """TokenBatch plus advantages [B] and logprobs [B, T] of the generator, π_old and the reference;
+    policy_versions [B] long: the policy version that generated each row (-1: unknown)."""
 
     advantages: torch.Tensor | None = None
     generation_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     reference_logprobs: torch.Tensor | None = None
+    policy_versions: torch.Tensor | None = None
 
 
 def start_episodes(environment: Any, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
@@ -425,7 +430,15 @@ def build_rl_batch(trajectories: list[Trajectory], advantages: torch.Tensor, pad
             loss_mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.float32)
         gen_lp[i, :k] = torch.tensor(t.generation_logprobs, dtype=torch.float32)
     loss_mask[:, 0] = 0.0
-    return RLBatch(input_ids, attention_mask, loss_mask, advantages=advantages, generation_logprobs=gen_lp)
+    versions = torch.tensor([-1 if t.policy_version is None else t.policy_version for t in trajectories])
+    return RLBatch(
+        input_ids,
+        attention_mask,
+        loss_mask,
+        advantages=advantages,
+        generation_logprobs=gen_lp,
+        policy_versions=versions,
+    )
 
 
 def transcript(t: Trajectory) -> dict[str, Any]:

@@ -71,6 +71,7 @@ from posttrain.trainers.common import (
     seed_everything,
     sigterm_as_interrupt,
 )
+from posttrain.trainers.grpo_async import AsyncRollouts, behaviour_ratio_metrics, exactly_on_policy
 
 PLOTS = [
     "reward/mean",
@@ -364,6 +365,8 @@ class GRPOTrainer:
         probe_tasks = self.train_problems[: cfg.generation.refit_check.prompts]
         starts = start_episodes(self.environment, probe_tasks, list(range(len(probe_tasks))))
         self.probe_prompts = [prompt_ids_of(self.tokenizer, s) for s in starts]
+        self.policy_version = 0  # policy updates so far; every trajectory records the one it was sampled with
+        self.async_rollouts = AsyncRollouts(self) if cfg.grpo.async_mode else None
 
     def teacher_setup(self) -> tuple[str | None, int | None, dict[str, Any] | None]:
         """on_policy_distill: (teacher folder, vocabulary cut, the teacher's worker arguments when the
@@ -442,6 +445,8 @@ class GRPOTrainer:
             progress=progress,
         )
         self.next_group_id += len(problems)
+        for t in out.trajectories:
+            t.policy_version = self.policy_version
         if self.cfg.generation.vllm.sleep and not self.split:
             self.policy.sleep_generator()  # free the engine's memory for training
         return out
@@ -449,7 +454,9 @@ class GRPOTrainer:
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         """Rollouts for one step; with dynamic sampling, only groups whose rewards differ, refilled
         (see ``collect_groups``: a batch still short after max_generation_rounds trains on what was
-        kept; empty trajectories mean: skip this step's update)."""
+        kept; empty trajectories mean: skip this step's update). Async: the replay buffer's next groups."""
+        if self.async_rollouts is not None:
+            return self.async_rollouts.next_rollouts(step)
         g, dapo = self.cfg.grpo, self.cfg.dapo
 
         def draw(round_: int) -> Rollouts:
@@ -561,12 +568,15 @@ class GRPOTrainer:
         return sequences * self.cfg.generation.max_new_tokens, tokens
 
     def add_logprobs(self, batch: RLBatch) -> None:
-        """π_ref's logprobs (KL penalty) and π_old's (several updates per batch), unless present."""
+        """π_ref's logprobs (KL penalty) and π_old's, unless present. π_old is skipped (the on-policy
+        shortcut: the current policy is π_old) only for one update on a batch that is exactly on-policy,
+        every row sampled by the current weights version (`exactly_on_policy`)."""
         cfg = self.cfg
         if cfg.loss.kl_beta > 0 and batch.reference_logprobs is None:
             with self.timer("reference_logprobs"):
                 batch.reference_logprobs = self.policy.reference_logprobs(batch)
-        if cfg.grpo.updates_per_batch > 1 and batch.old_logprobs is None:
+        on_policy = exactly_on_policy(batch.policy_versions, self.policy_version)
+        if (cfg.grpo.updates_per_batch > 1 or not on_policy) and batch.old_logprobs is None:
             with self.timer("old_logprobs"):
                 batch.old_logprobs = self.policy.logprobs(batch)
 
@@ -584,11 +594,18 @@ class GRPOTrainer:
                 for k, v in out.loss_metrics.items():
                     metrics[k] = metrics.get(k, 0.0) + v / len(minibatches)
                 metrics["grad_norm"], metrics["lr"] = out.grad_norm, out.lr
+        if self.async_rollouts is not None:
+            metrics.update(
+                behaviour_ratio_metrics(batch, cfg.loss.importance_min or 0.0, cfg.loss.importance_cap)
+            )
+        self.policy_version += 1
         metrics.update(self.refit())
         return metrics
 
     def refit(self) -> dict[str, float]:
         """Give the generator the policy's weights, then check that it runs them (the parity gate)."""
+        if self.async_rollouts is not None:  # the generator loads it between its batches
+            return self.async_rollouts.publish(self.policy_version)
         if not self.refits:
             return {}
         with self.timer("refit"):
@@ -613,6 +630,13 @@ class GRPOTrainer:
     def validate(self) -> dict[str, float]:
         if not self.val_problems:
             return {}
+        if self.async_rollouts is not None:
+            with self.async_rollouts.synced():  # generation paused; the generator has the newest weights
+                self.check_generator()
+                return self.validate_now()
+        return self.validate_now()
+
+    def validate_now(self) -> dict[str, float]:
         n = self.cfg.grpo.val_samples_per_prompt
         start = time.perf_counter()
         params = self.sampling_params(validation=True, seed=self.cfg.grpo.seed)
@@ -643,19 +667,29 @@ class GRPOTrainer:
             self.tokenizer.save_pretrained(directory / "model")  # a self-contained HF folder
             state = {"sampler": self.sampler.state_dict(), "next_group_id": self.next_group_id}
             save_controller_state(directory, step, state, self.cfg)
+            if self.async_rollouts is not None:
+                self.async_rollouts.save(directory)
 
-        return self.checkpointer.save(step, write, metrics=latest_values(history, step))
+        if self.async_rollouts is None:
+            return self.checkpointer.save(step, write, metrics=latest_values(history, step))
+        with self.async_rollouts.paused():  # the sampler's position matches the buffer's contents
+            return self.checkpointer.save(step, write, metrics=latest_values(history, step))
 
     def restore(self, checkpoint: Path) -> int:
         self.policy.load_checkpoint(checkpoint)
         state = load_controller_state(checkpoint)
         self.sampler.load_state_dict(state["sampler"])
         self.next_group_id = state["next_group_id"]
+        self.policy_version = state["step"]
+        if self.async_rollouts is not None:
+            self.async_rollouts.load(checkpoint, state["step"])
         self.refit()
         self.timer.pop()
         return state["step"]
 
     def shutdown(self) -> None:
+        if self.async_rollouts is not None:
+            self.async_rollouts.stop()
         self.environment.shutdown()
         if self.teacher is not None:
             self.teacher.shutdown()
@@ -697,6 +731,8 @@ class GRPOTrainer:
                 if step == 0 and cfg.grpo.val_at_start:
                     log(0, self.validate())
                     self.timer.pop()
+                if self.async_rollouts is not None:
+                    self.async_rollouts.start()
                 done_here = 0
                 while step < self.total_steps and (stop_after is None or done_here < stop_after):
                     if deadline.should_stop():
@@ -742,6 +778,8 @@ class GRPOTrainer:
         except WorkerLostError as e:
             raise e.with_checkpoint(self.checkpointer.latest()) from None
         finally:
+            if self.async_rollouts is not None:
+                self.async_rollouts.stop()
             logger.close()
             if cfg.logging.plots:
                 plot_run(self.run_dir, self.plots)
