@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import math
 import os
+import shutil
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from posttrain.errors import UserError
 
 
 @dataclass
@@ -169,6 +172,20 @@ class SharedWeightsHandle:
     entries: list[list[tuple[str, tuple[int, ...], int]]]  # per buffer: (name, shape, offset)
 
 
+def require_shm_space(directory: str, nbytes: int) -> None:
+    """Fail with the fix when `directory` (a tmpfs: /dev/shm) cannot hold `nbytes`: writing past a
+    full tmpfs through a mapping kills the process with SIGBUS instead of raising an error."""
+    free = shutil.disk_usage(directory).free
+    if free < nbytes:
+        gib = 1 << 30
+        raise UserError(
+            f"{directory} has {free / gib:.2f} GiB free, but generation.refit_transport=shared_memory needs "
+            f"{nbytes / gib:.2f} GiB there for the policy's weights; grow it (docker run "
+            f"--shm-size={-(-nbytes // gib) + 1}g, or mount -o remount,size=...G {directory}) or set "
+            "generation.refit_transport=object_store"
+        )
+
+
 class SharedFlatWeights:
     """A model's parameters moved into one flat shared-memory buffer per dtype (files in /dev/shm).
 
@@ -181,6 +198,7 @@ class SharedFlatWeights:
         by_dtype: dict[torch.dtype, list[tuple[str, torch.nn.Parameter]]] = {}
         for name, param in model.named_parameters():
             by_dtype.setdefault(param.dtype, []).append((name, param))
+        require_shm_space(directory, sum(p.numel() * p.element_size() for _, p in model.named_parameters()))
         files, entries = [], []
         for dtype, items in by_dtype.items():
             numel = sum(p.numel() for _, p in items)
