@@ -80,3 +80,34 @@ def kill_tree_leftovers(process: subprocess.Popen) -> None:
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` in the process tree (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def ray_actor_pids(root: int) -> dict[str, list[int]]:
+    """The Ray actor processes below `root` (a run, or a raylet) by class: Ray titles an actor's
+    process `ray::<Class>` or, while it runs a method, `ray::<Class>.<method>`."""
+    found: dict[str, list[int]] = {}
+    for pid in descendants(root):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if title.startswith("ray::") and title != "ray::IDLE":
+            found.setdefault(title.removeprefix("ray::").split(".")[0], []).append(pid)
+    return found

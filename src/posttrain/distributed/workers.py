@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from posttrain.config.schema import ClusterConfig
-from posttrain.errors import WorkerLostError
+from posttrain.errors import UserError, WorkerLostError
 
 
 class WorkerError(RuntimeError):
@@ -145,6 +145,8 @@ def _raise_if_failed(ref: Any, name: str) -> None:
         raise WorkerLostError(name, _death_reason(e)) from None
     except ray.exceptions.RayError as e:
         cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else None
+        if isinstance(cause, UserError):  # a bad config or input, found inside the worker: one line
+            raise UserError(f"worker {name}: {cause}") from cause
         raise WorkerError(f"worker {name} failed:\n{e}", cause) from None
 
 
