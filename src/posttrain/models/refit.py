@@ -177,13 +177,17 @@ def require_shm_space(directory: str, nbytes: int) -> None:
     full tmpfs through a mapping kills the process with SIGBUS instead of raising an error."""
     free = shutil.disk_usage(directory).free
     if free < nbytes:
-        gib = 1 << 30
-        raise UserError(
-            f"{directory} has {free / gib:.2f} GiB free, but generation.refit_transport=shared_memory needs "
-            f"{nbytes / gib:.2f} GiB there for the policy's weights; grow it (docker run "
-            f"--shm-size={-(-nbytes // gib) + 1}g, or mount -o remount,size=...G {directory}) or set "
-            "generation.refit_transport=object_store"
-        )
+        raise UserError(shm_too_small_message(directory, free, nbytes))
+
+
+def shm_too_small_message(directory: str, free: int, nbytes: int) -> str:
+    gib = 1 << 30
+    return (
+        f"{directory} has {free / gib:.2f} GiB free, but generation.refit_transport=shared_memory needs "
+        f"{nbytes / gib:.2f} GiB there for the policy's weights; grow it (docker run "
+        f"--shm-size={-(-nbytes // gib) + 1}g, or mount -o remount,size=...G {directory}) or set "
+        "generation.refit_transport=object_store"
+    )
 
 
 class SharedFlatWeights:
