@@ -332,3 +332,17 @@ def test_backend_config_errors() -> None:
         JudgeEnvironment(backend="openai")
     with pytest.raises(ValueError, match="mode"):
         JudgeEnvironment(mode="listwise", backend=FunctionJudge(str))
+
+
+def test_the_docs_example_runs() -> None:
+    """The `FunctionJudge` example of docs/environments.md (LLM as judge) works as written."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    section = page[page.index("## LLM as judge") : page.index("## Run environments in workers")]
+    (block,) = re.findall(r"```py\n(.*?)```", section, re.S)
+    namespace: dict = {}
+    exec(block, namespace)
+    r = namespace["env"].step([sample("q", "\\boxed{3}"), sample("q", "3")], [{}, {}])
+    assert r.rewards == [1.0, 0.0] and r.scored == [True, True]
