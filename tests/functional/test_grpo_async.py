@@ -2,8 +2,13 @@
 age 0 gives the synchronous run's steps bit for bit; with age 1 stale data gets π_old recomputed
 (never the on-policy shortcut) and the buffer survives a resume."""
 
+import threading
+import time
+
+import pytest
 import torch
 
+from posttrain.errors import WorkerLostError
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.grpo_async import STATE_FILE
 
@@ -93,3 +98,65 @@ def test_async_age_one_recomputes_pi_old_and_resumes_with_the_buffer(tiny_model_
     assert [r["step"] for r in resumed] == [3]
     assert resumed[0]["async/first_batch"] == 2  # the buffered batch first, with its version
     assert resumed[0]["async/age_max"] == 2 - buffered[0][1]
+
+
+@pytest.mark.ray
+def test_async_on_ray_with_object_store_snapshots(ray_cluster, tiny_model_dir, tmp_path):
+    """Generation actors produce while the policy actor trains; weights travel as packed buckets."""
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        **{
+            "cluster.backend": "ray",
+            "cluster.cpus_per_worker": 1,
+            "environment.name": "math",  # Ray's workers cannot import the tests' length_env
+            "generation.refit_transport": "object_store",
+            "grpo.async_mode": True,
+            "checkpoint.enabled": False,
+        },
+    )
+    result, _ = _fit(cfg)
+    rows = _train_rows(result)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["async/age_max"] for r in rows][:2] == [0, 1]
+    assert all(r["async/age_max"] <= 1 and r["async/dropped_stale"] == 0 for r in rows)
+    assert all("timing/old_logprobs" in r for r in rows if r["async/age_max"] > 0)
+
+
+@pytest.mark.ray
+def test_a_killed_generation_worker_stops_the_async_run(ray_cluster, tiny_model_dir, tmp_path):
+    """The generation actor's process is killed after the first step; the run stops with the error
+    that names the worker and the checkpoint to resume from (no hang: the collector hands the
+    failure to the trainer, and the watchdog bounds any wait)."""
+    import ray
+
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        **{
+            "cluster.backend": "ray",
+            "cluster.cpus_per_worker": 1,
+            "environment.name": "math",  # Ray's workers cannot import the tests' length_env
+            "grpo.async_mode": True,
+            "grpo.max_steps": 30,
+            "grpo.async_watchdog_s": 120,
+            "checkpoint.save_every": 1,
+        },
+    )
+    trainer = GRPOTrainer(cfg)
+    [actor] = trainer.generator.workers.actors
+
+    def kill_after_first_step() -> None:
+        while trainer.policy_version < 1:
+            time.sleep(0.05)
+        ray.kill(actor, no_restart=True)
+
+    threading.Thread(target=kill_after_first_step, daemon=True).start()
+    try:
+        with pytest.raises(
+            WorkerLostError, match=r"worker generation-0 died .*latest complete checkpoint: .*step_"
+        ):
+            trainer.fit()
+        assert trainer.policy_version < 30
+    finally:
+        trainer.shutdown()

@@ -17,8 +17,8 @@ Registry: ``ADVANTAGE_ESTIMATORS[name]`` with ``name`` in ``"grpo"``, ``"dr_grpo
 ``"reinforce_pp"``; ``compute_advantages(name, rewards, group_ids, **kwargs)`` dispatches.
 Around them: ``scale_rewards`` (NeMo RL's reward scaling), ``kl_penalized_rewards`` /
 ``kl_penalized_returns`` (the KL to a reference as a reward penalty) and ``clip_advantages``.
-``on_policy_distill_advantages`` is per token (a teacher's log-probability minus the student's), not
-a function of rewards, so it is outside the registry; the trainer may add a group advantage to it.
+The teacher's per-token advantage (``advantage.estimator=on_policy_distill``) is
+``posttrain.algorithms.distillation.on_policy_distill_advantages``: not a function of rewards.
 """
 
 from __future__ import annotations
@@ -291,34 +291,6 @@ def reinforce_pp_advantages(
     std = values.std() if values.numel() > 1 else returns.new_zeros(())
     out = torch.where(m, (returns - mean) / (std + eps), torch.zeros_like(returns))
     return out.to(rewards.dtype)
-
-
-def on_policy_distill_advantages(
-    teacher_logprobs: torch.Tensor,
-    student_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    coef: float = 1.0,
-) -> torch.Tensor:
-    """Per-token advantage of on-policy distillation with the sampled token (Agarwal et al. 2024,
-    GKD, arXiv:2306.13649; Lu & Thinking Machines 2025, "On-policy distillation"):
-
-        A_t = coef * sg[ log pi_T(a_t | s_t) - log pi_S(a_t | s_t) ]     where mask_t = 1, else 0
-
-    a_t is the token the student sampled. A policy-gradient step on E_{a ~ pi_S}[A_t] (no
-    baseline, no discount) is an unbiased step on -KL(pi_S || pi_T) per position: the reverse KL
-    estimated with the one sampled token. Tokens the teacher finds likelier than the student get
-    a positive advantage. Inputs [N, T] (no gradient is taken through them); out [N, T] float64
-    differences cast back to the teacher's dtype.
-    """
-    if teacher_logprobs.shape != student_logprobs.shape or teacher_logprobs.shape != mask.shape:
-        raise ValueError(
-            f"teacher_logprobs {tuple(teacher_logprobs.shape)}, student_logprobs "
-            f"{tuple(student_logprobs.shape)} and mask {tuple(mask.shape)} must have one shape [N, T]"
-        )
-    diff = teacher_logprobs.detach().to(torch.float64) - student_logprobs.detach().to(torch.float64)
-    out = torch.where(mask.to(torch.bool), coef * diff, torch.zeros_like(diff))
-    return out.to(teacher_logprobs.dtype)
 
 
 def clip_advantages(advantages: torch.Tensor, clip: float | None) -> torch.Tensor:

@@ -250,8 +250,11 @@ def on_policy_distill_advantages(
     if given, are environment advantages the teacher signal is added to; c = ``coefficient``.
 
     Args:
-        teacher_logprobs, student_logprobs: [B, T] log-probabilities of the sampled tokens.
+        teacher_logprobs: [B, T] the teacher's log-probabilities of the sampled tokens.
+        student_logprobs: [B, T] the student's (the sampling distribution's) log-probabilities of them.
         mask: [B, T], 1 on generated tokens.
+        advantages: environment advantages, [B] or [B, T], added to the teacher signal (None: none).
+        coefficient: c.
     """
     m = mask.to(torch.bool)
     dtype = torch.promote_types(teacher_logprobs.dtype, torch.float32)  # fp32, or fp64 when given
@@ -266,5 +269,5 @@ def on_policy_distill_advantages(
 DISTILLATION_ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
     "on_policy_distill": on_policy_distill_advantages,
 }
-"""Advantage estimators from a teacher: ``advantage.estimator=on_policy_distill`` in GRPO (wiring in
-the GRPO trainer to come)."""
+"""Advantage estimators from a teacher: ``advantage.estimator=on_policy_distill`` in GRPO
+(``posttrain.trainers.grpo.rl_advantages``)."""

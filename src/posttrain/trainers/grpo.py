@@ -28,11 +28,11 @@ from posttrain.algorithms.advantages import (
     clip_advantages,
     compute_advantages,
     kl_penalized_rewards,
-    on_policy_distill_advantages,
     reinforce_pp_advantages,
     scale_rewards,
 )
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
+from posttrain.algorithms.distillation import on_policy_distill_advantages
 from posttrain.algorithms.metrics import pass_at_k
 from posttrain.algorithms.policy_loss import POLICY_LOSSES, kl_estimate
 from posttrain.checkpoint import Deadline, resolve_resume
@@ -166,13 +166,11 @@ def rl_advantages(
     if adv.estimator == "on_policy_distill":
         if teacher_logprobs is None or student_logprobs is None or mask is None:
             raise ValueError("on_policy_distill needs teacher_logprobs, student_logprobs and mask")
-        advantages = on_policy_distill_advantages(
-            teacher_logprobs, student_logprobs, mask, coef=adv.distill_coef
-        )
+        env = None
         if adv.distill_reward_weight > 0:
             if kl is not None:
                 rewards = kl_penalized_rewards(rewards, kl, mask, kl_beta=kl_beta)
-            group = compute_advantages(
+            env = adv.distill_reward_weight * compute_advantages(
                 "grpo",
                 rewards,
                 group_ids,
@@ -180,7 +178,9 @@ def rl_advantages(
                 leave_one_out=adv.leave_one_out,
                 leave_one_out_std=adv.leave_one_out_std,
             )
-            advantages = advantages + adv.distill_reward_weight * group[:, None].to(advantages.dtype) * mask
+        advantages = on_policy_distill_advantages(
+            teacher_logprobs, student_logprobs, mask, advantages=env, coefficient=adv.distill_coef
+        )
         return clip_advantages(advantages, adv.clip)
     if adv.estimator == "reinforce_pp":
         advantages = reinforce_pp_advantages(rewards, group_ids, kl=kl, mask=mask, kl_beta=kl_beta)
