@@ -149,7 +149,7 @@ def token_rewards(
         r_t = Σ_{turns k ending at t} reward_k + [t = last assistant token] · extra_b − β KL_t
 
     Each turn's environment reward lands on that turn's last assistant token: the last valid
-    position < turn_ends[b][k] (a turn that generated nothing credits the latest assistant token
+    position < `turn_ends[b][k]` (a turn that generated nothing credits the latest assistant token
     before it; with none, or a reward without a turn end, the sequence's last one). ``extra`` ([B], e.g. the reward shaping that
     the trainer adds to a sequence's total) lands on the sequence's last assistant token.
     ``kl`` ([B, T] per-token KL(π || π_ref) estimates) with ``kl_beta`` is the KL penalty as a

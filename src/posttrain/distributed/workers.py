@@ -71,11 +71,7 @@ class RayWorkers:
         ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
         if not ready:
             ray.util.remove_placement_group(self.placement_group)
-            raise WorkerError(
-                f"the Ray cluster cannot place {n} workers of {bundle} for {name!r} within {timeout_s:.0f}s; "
-                f"it has {ray.cluster_resources()}. Lower cluster.num_workers or cluster.cpus_per_worker, "
-                "or add nodes."
-            )
+            raise WorkerError(placement_message(n, bundle, name, timeout_s, ray.cluster_resources()))
         actor_cls = ray.remote(cls)
         self.names = [f"{name}-{rank}" for rank in range(n)]
         self.actors = [
@@ -119,6 +115,14 @@ class RayWorkers:
 
 
 Workers = LocalWorkers | RayWorkers
+
+
+def placement_message(n: int, bundle: dict, name: str, timeout_s: float, resources: dict) -> str:
+    """Why a worker group could not start: what it asked for, what the cluster has, what to change."""
+    return (
+        f"the Ray cluster cannot place {n} workers of {bundle} for {name!r} within {timeout_s:.0f}s; "
+        f"it has {resources}. Lower cluster.num_workers or cluster.cpus_per_worker, or add nodes."
+    )
 
 
 def get_named(refs: list, names: Sequence[str]) -> list[Any]:
