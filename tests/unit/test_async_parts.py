@@ -1,0 +1,51 @@
+"""Pure parts of asynchronous GRPO: when a batch is exactly on-policy, importance-ratio statistics."""
+
+import math
+
+import torch
+
+from posttrain.algorithms.metrics import importance_ratio_stats
+from posttrain.algorithms.policy_loss import importance_weights
+from posttrain.rollout.replay_buffer import RolloutGroup
+from posttrain.rollout.rollout import Trajectory
+from posttrain.trainers.grpo_async import age_metrics, exactly_on_policy
+
+
+def test_exactly_on_policy_only_when_every_row_has_the_trainers_version():
+    assert exactly_on_policy(torch.tensor([3, 3, 3]), 3)
+    assert not exactly_on_policy(torch.tensor([3, 2, 3]), 3)  # one stale row: π_old must be recomputed
+    assert not exactly_on_policy(torch.tensor([-1, -1]), 0)  # unknown versions are never on-policy
+    assert not exactly_on_policy(None, 0)
+    assert not exactly_on_policy(torch.tensor([], dtype=torch.long), 0)
+
+
+def test_importance_weight_is_one_when_generator_and_trainer_agree():
+    lp = torch.tensor([[0.0, -0.3, -1.7, -2.2], [0.0, -0.01, -4.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]], dtype=torch.float64)
+    stats = importance_ratio_stats(lp, lp.clone(), mask)
+    assert stats == {"mean": 1.0, "min": 1.0, "max": 1.0, "std": 0.0, "out_of_bounds": 0.0}
+    for correction in ("truncated", "icepop", "seq_mask"):
+        w, out = importance_weights(lp, lp.clone(), mask, correction=correction, cap=2.0, min_ratio=0.5)
+        assert torch.equal(w, mask) and not out.any()
+
+
+def test_importance_ratio_stats_hand_worked():
+    old = torch.tensor([[0.0, math.log(0.5), math.log(0.2), 5.0]], dtype=torch.float64)
+    behaviour = torch.tensor([[0.0, math.log(0.25), math.log(0.4), -5.0]], dtype=torch.float64)
+    mask = torch.tensor([[0, 1, 1, 0]], dtype=torch.float64)  # ratios 2 and 0.5; the masked 5 - (-5) ignored
+    stats = importance_ratio_stats(old, behaviour, mask, low=0.6, high=1.5)
+    assert stats["mean"] == 1.25 and stats["min"] == 0.5 and stats["max"] == 2.0
+    assert abs(stats["std"] - 0.75) < 1e-15 and stats["out_of_bounds"] == 1.0
+
+
+def test_age_metrics():
+    def group(version):
+        return RolloutGroup([Trajectory([1], [0], [0.0], [], {}, 0)], version, 0)
+
+    m = age_metrics([group(4), group(4), group(3), group(2)], version=4, max_age=2)
+    assert m["async/age_mean"] == 0.75 and m["async/age_max"] == 2.0
+    assert (m["async/age_0_fraction"], m["async/age_1_fraction"], m["async/age_2_fraction"]) == (
+        0.5,
+        0.25,
+        0.25,
+    )
