@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from posttrain.config import load_config
 from posttrain.config.schema import GRPOConfig
 from posttrain.doctor import (
@@ -107,3 +109,44 @@ def test_ray_without_a_cluster(monkeypatch) -> None:
     gone = check_ray("ray", 1, 0)
     assert gone.status == "fail" and f"nothing answers at RAY_ADDRESS=127.0.0.1:{port}" == gone.detail
     assert check_ray("local", 1, 0).status == "warn"  # reported, but a local-backend run does not need Ray
+
+
+def test_a_machine_with_a_tiny_dev_shm_names_the_fix(tmp_path: Path) -> None:
+    """`posttrain doctor` under a real 1 MiB /dev/shm (a tmpfs mounted over it in a private mount
+    namespace, as Docker's default 64 MB is for a bigger model): the shared-memory refit of a split
+    run cannot fit the weights, so it fails naming the fix; a run that does not need it passes."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
+    probe = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=1m tmpfs /dev/shm",
+        ],
+        capture_output=True,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a private mount namespace: {probe.stderr.decode()[-200:]}")
+    recipe = tmp_path / "split.yaml"
+    recipe.write_text("generation:\n  placement: split\ncluster:\n  backend: local\n")
+    doctor = [sys.executable, "-m", "posttrain.cli", "doctor", "--config", str(recipe)]
+    script = "mount -t tmpfs -o size=1m tmpfs /dev/shm && exec " + " ".join(doctor) + ' "$@"'
+    env = {**os.environ, "COLUMNS": "250"}
+
+    def run(*overrides: str) -> subprocess.CompletedProcess:
+        cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh", *overrides]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+    small = run()
+    assert small.returncode == 1, small.stdout + small.stderr
+    assert "missing for this run: /dev/shm" in small.stdout
+    assert "1.0 GiB free in /dev/shm" not in small.stdout and "0.0 GiB free in /dev/shm" in small.stdout
+    assert "--shm-size=" in small.stdout and "generation.refit_transport=object_store" in small.stdout
+    other = run("generation.refit_transport=object_store")
+    assert other.returncode == 0, other.stdout + other.stderr
