@@ -14,9 +14,11 @@ def test_defaults_one_sample_per_prompt_and_the_shared_loop_name():
     assert critic.max_seq_len == cfg.policy.max_seq_len
 
 
-def test_dynamic_sampling_is_rejected():
+def test_dynamic_sampling_and_async_rollouts_are_rejected():
     with pytest.raises(ConfigError, match="dynamic_sampling"):
         load_config(PPOConfig, None, ["dapo.dynamic_sampling=true"])
+    with pytest.raises(ConfigError, match="async_mode"):
+        load_config(PPOConfig, None, ["ppo.async_mode=true", "generation.placement=split"])
 
 
 def test_minibatches_must_split_over_policy_and_critic_workers():

@@ -1391,6 +1391,11 @@ class PPOConfig(Strict):
     def _consistent(self) -> PPOConfig:
         if self.generation.placement == "split":
             self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
+        if self.ppo.async_mode:
+            raise ValueError(
+                "ppo.async_mode=true: asynchronous rollouts are not supported by PPO yet (its critic's "
+                "values and the policy's pi_old assume on-policy batches); set it to false"
+            )
         if self.dapo.dynamic_sampling:
             raise ValueError(
                 "dapo.dynamic_sampling drops groups whose rewards are all equal, which PPO's critic "

@@ -245,6 +245,7 @@ class PPOTrainer(GRPOTrainer):
                         add("", out.loss_metrics)
                         metrics["grad_norm"], metrics["lr"] = out.grad_norm, out.lr
         if train_policy:
+            self.policy_version += 1
             metrics.update(self.refit())
         return metrics
 
