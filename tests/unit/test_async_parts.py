@@ -49,3 +49,31 @@ def test_age_metrics():
         0.25,
         0.25,
     )
+
+
+def _grpo(**sections):
+    from posttrain.config.schema import GRPOConfig
+
+    base = {"grpo": {"async_mode": True}, "generation": {"placement": "split"}, "cluster": {"backend": "ray"}}
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value}
+    return GRPOConfig.model_validate(base)
+
+
+def test_async_config_rules():
+    import pytest
+
+    assert _grpo().loss.importance_correction == "truncated"  # async default
+    assert _grpo(loss={"importance_correction": None}).loss.importance_correction is None  # explicit choice
+    assert _grpo(loss={"importance_correction": "icepop"}).loss.importance_correction == "icepop"
+    with pytest.raises(ValueError, match="generation.placement=split"):
+        _grpo(generation={"placement": "colocated"})
+    with pytest.raises(ValueError, match="collective"):
+        _grpo(generation={"refit_transport": "collective"})
+    with pytest.raises(ValueError, match="dynamic_sampling"):
+        _grpo(dapo={"dynamic_sampling": True})
+    with pytest.raises(ValueError, match="async_buffer_groups"):
+        _grpo(grpo={"async_buffer_groups": 2})
+    from posttrain.config.schema import GRPOConfig
+
+    assert GRPOConfig().loss.importance_correction is None  # synchronous default unchanged
