@@ -88,15 +88,21 @@ def _as_messages(row: Row, key: str, value: Any, default_role: str) -> list[Mess
                 raise DataError(
                     f"{row.where}: `{key}` message {i} has role {m['role']!r}; expected {sorted(ROLES)}"
                 )
-        return [{"role": m["role"], "content": str(m["content"])} for m in value]
+            if not isinstance(m["content"], str):
+                raise DataError(
+                    f"{row.where}: `{key}` message {i} has content {m['content']!r}; expected a string"
+                )
+        return [{"role": m["role"], "content": m["content"]} for m in value]
     raise DataError(f"{row.where}: `{key}` must be a string or a non-empty message list, got {value!r}")
 
 
 def _require(row: Row, key: str) -> Any:
-    if key not in row.data or row.data[key] is None:
+    if key not in row.data:
         raise DataError(
             f"{row.where}: missing key {key!r} (the row has keys: {', '.join(row.data) or 'none'})"
         )
+    if row.data[key] is None:  # parquet and HF datasets fill a column a row lacks with null
+        raise DataError(f"{row.where}: {key!r} is null")
     return row.data[key]
 
 

@@ -45,10 +45,12 @@ def row_to_messages(row: Row, cfg: DatasetConfig) -> list[Message]:
 
 
 def _require(row: Row, key: str) -> Any:
-    if key not in row.data or row.data[key] is None:
+    if key not in row.data:
         raise DataError(
             f"{row.where}: missing key {key!r} (the row has keys: {', '.join(row.data) or 'none'})"
         )
+    if row.data[key] is None:  # parquet and HF datasets fill a column a row lacks with null
+        raise DataError(f"{row.where}: {key!r} is null")
     return row.data[key]
 
 
@@ -62,6 +64,8 @@ def _check_messages(row: Row, messages: Any) -> None:
             raise DataError(
                 f"{row.where}: message {i} has role {m['role']!r}; expected one of {sorted(ROLES)}"
             )
+        if not isinstance(m["content"], str):
+            raise DataError(f"{row.where}: message {i} has content {m['content']!r}; expected a string")
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{row.where}: no assistant message, so nothing to train on")
 

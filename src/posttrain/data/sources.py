@@ -91,6 +91,12 @@ def _one_line(error: BaseException) -> str:
 def _hf_rows(cfg: DatasetConfig) -> list[Row]:
     import datasets
 
+    folder = Path(cfg.path).expanduser()
+    if (folder / "dataset_info.json").is_file() or (folder / "dataset_dict.json").is_file():
+        ds = _saved_rows(folder, cfg.split)  # written by Dataset(Dict).save_to_disk
+        if cfg.max_samples:
+            ds = ds.select(range(min(cfg.max_samples, len(ds))))
+        return [Row(o, f"{folder}[{cfg.split}] row {i + 1}") for i, o in enumerate(ds)]
     try:
         ds = datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split)
     except Exception as e:  # noqa: BLE001 - re-raised with the config key that names it
@@ -102,6 +108,23 @@ def _hf_rows(cfg: DatasetConfig) -> list[Row]:
     if cfg.max_samples:
         ds = ds.select(range(min(cfg.max_samples, len(ds))))
     return [Row(o, f"{cfg.path}[{cfg.split}] row {i + 1}") for i, o in enumerate(ds)]
+
+
+def _saved_rows(folder: Path, split: str) -> Any:
+    """A `save_to_disk` folder: a Dataset, or the `split` of a DatasetDict."""
+    import datasets
+
+    try:
+        saved = datasets.load_from_disk(str(folder))
+    except Exception as e:  # noqa: BLE001 - re-raised naming the folder
+        raise DataError(
+            f"{folder}: not a readable `datasets` folder ({type(e).__name__}: {_one_line(e)})"
+        ) from e
+    if isinstance(saved, datasets.DatasetDict):
+        if split not in saved:
+            raise DataError(f"{folder} has splits {sorted(saved)}, not {split!r}; set data.<split>.split")
+        return saved[split]
+    return saved
 
 
 def reasoning_gym_rows(cfg: ReasoningGymConfig) -> list[Row]:

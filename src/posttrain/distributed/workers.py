@@ -134,8 +134,35 @@ def get_named(refs: list, names: Sequence[str]) -> list[Any]:
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
-        _raise_if_failed(done[0], names[index[done[0]]])
+        try:
+            _raise_if_failed(done[0], names[index[done[0]]])
+        except WorkerError:
+            _raise_lost_peer(pending, [names[index[ref]] for ref in pending])
+            raise
     return ray.get(refs)
+
+
+PEER_GRACE_S = 30.0
+"""How long a failed call waits for its peers' calls: a rank whose collective partner died fails
+first ("connection closed by peer"), before Ray has noticed the death (a lost node: its health
+checks)."""
+
+
+def _raise_lost_peer(pending: list, names: Sequence[str], grace_s: float = PEER_GRACE_S) -> None:
+    """After one worker's call failed: if another worker of the call died, raise `WorkerLostError`
+    for that one, the cause. Waits at most `grace_s` for the other calls to end."""
+    import ray
+
+    if not pending:
+        return
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise WorkerLostError(names[pending.index(ref)], _death_reason(e)) from None
+        except ray.exceptions.RayError:
+            continue
 
 
 def _raise_if_failed(ref: Any, name: str) -> None:
@@ -218,7 +245,11 @@ def _wait_all(refs: list, names: Sequence[str], local: list, timeout_s: float | 
 
             done, pending = ray.wait(pending, num_returns=1, timeout=0.05)
             for ref in done:
-                _raise_if_failed(ref, names[index[ref]])
+                try:
+                    _raise_if_failed(ref, names[index[ref]])
+                except WorkerError:
+                    _raise_lost_peer(pending, [names[index[r]] for r in pending])
+                    raise
         else:
             concurrent.futures.wait(local, timeout=0.05, return_when=concurrent.futures.FIRST_EXCEPTION)
     for future in local:
