@@ -104,9 +104,7 @@ class TransformersJudge:
         self._tokenizer = load_tokenizer(source.tokenizer)
         self._tokenizer.padding_side = "left"
         dtype = getattr(torch, self.dtype)
-        self._model = (
-            AutoModelForCausalLM.from_pretrained(source.model, dtype=dtype).to(self.device).eval()
-        )
+        self._model = AutoModelForCausalLM.from_pretrained(source.model, dtype=dtype).to(self.device).eval()
 
     def ready(self) -> bool:
         """Load the model now (an actor's first call; errors surface at start)."""
