@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import sft_overrides
+
 FAULTS = Path(__file__).parent
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
@@ -69,17 +71,29 @@ def complete_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / "COMPLETE").is_file())
 
 
-def logged_steps(run_dir: Path, key: str) -> list[int]:
-    """Steps of the metrics.jsonl rows that have `key`, in file order (a resumed run appends)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    return [row["step"] for row in rows if key in row]
-
-
 def kill_tree_leftovers(process: subprocess.Popen) -> None:
     """SIGKILL the process if a failed test left it running (stopped processes too)."""
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
+
+
+def sft_args(model_dir, data, run_dir, **extra) -> list[str]:
+    """A 3-step SFT run on the tiny model that saves after every step (no validation, no plots)."""
+    settings = {
+        "sft.max_steps": 3,
+        "checkpoint.save_every": 1,
+        "sft.val_every": 100,
+        "sft.val_at_start": False,
+        "logging.plots": False,
+        **extra,
+    }
+    return ["sft", *sft_overrides(model_dir, data, run_dir, **settings)]
+
+
+def losses(run_dir) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    return [(row["step"], row["loss"]) for row in rows if "loss" in row]
 
 
 def descendants(root: int) -> list[int]:

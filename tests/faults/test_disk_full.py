@@ -14,8 +14,7 @@ import sys
 
 import pytest
 from conftest import write_sft_jsonl
-from fault_helpers import ENV
-from test_kill_during_checkpoint import losses, sft_args
+from fault_helpers import ENV, losses, sft_args
 
 UNSHARE = ["unshare", "--user", "--map-root-user", "--mount"]
 

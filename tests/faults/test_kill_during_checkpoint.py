@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 
-from conftest import sft_overrides, write_sft_jsonl
+from conftest import write_sft_jsonl
 from fault_helpers import (
     FAULTS,
     cli,
@@ -15,27 +14,11 @@ from fault_helpers import (
     finish,
     is_stopped,
     kill_tree_leftovers,
+    losses,
+    sft_args,
     start,
     wait_for,
 )
-
-
-def sft_args(model_dir, data, run_dir, **extra) -> list[str]:
-    """A 3-step SFT run on the tiny model that saves after every step (no validation, no plots)."""
-    settings = {
-        "sft.max_steps": 3,
-        "checkpoint.save_every": 1,
-        "sft.val_every": 100,
-        "sft.val_at_start": False,
-        "logging.plots": False,
-        **extra,
-    }
-    return ["sft", *sft_overrides(model_dir, data, run_dir, **settings)]
-
-
-def losses(run_dir) -> list[tuple[int, float]]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    return [(row["step"], row["loss"]) for row in rows if "loss" in row]
 
 
 def test_kill_9_during_a_checkpoint_write_resumes_from_the_last_complete_one(tiny_model_dir, tmp_path):

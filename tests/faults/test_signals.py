@@ -16,10 +16,11 @@ from fault_helpers import (
     finish,
     is_stopped,
     kill_tree_leftovers,
+    losses,
+    sft_args,
     start,
     wait_for,
 )
-from test_kill_during_checkpoint import losses, sft_args
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

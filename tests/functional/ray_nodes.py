@@ -13,13 +13,16 @@ The head node has no CPUs, so every worker lands on a worker node; a node with o
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
-
-import ray
-from ray.cluster_utils import Cluster
+from pathlib import Path
 
 
 def main() -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
     cluster = Cluster(initialize_head=True, connect=True, head_node_args={"num_cpus": 0})
     nodes: dict[str, tuple[int, object]] = {}
     print(f"address {cluster.address}", flush=True)
@@ -40,6 +43,47 @@ def main() -> None:
         print("ok", flush=True)
     ray.shutdown()  # this process's own connection first: the head cannot be removed under it
     cluster.shutdown()
+
+
+class Nodes:
+    """The cluster process: its address, and `set("a=1 b=1")` / `remove("b")` for its worker nodes."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"},
+        )
+        self.address = self._answer("address ")
+
+    def _answer(self, prefix: str) -> str:
+        for line in self.process.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        raise RuntimeError(f"the cluster process ended (status {self.process.wait()})")
+
+    def send(self, command: str) -> None:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        self._answer("ok")
+
+    def set(self, spec: str) -> None:
+        self.send(f"nodes {spec}")
+
+    def remove(self, name: str) -> None:
+        self.send(f"remove {name}")
+
+    def close(self) -> None:
+        try:
+            self.send("quit")
+        except (BrokenPipeError, RuntimeError):
+            pass
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
 
 
 if __name__ == "__main__":

@@ -18,53 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import sft_overrides, write_sft_jsonl
+from ray_nodes import Nodes
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.ray
 
 HERE = Path(__file__).parent
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
-
-
-class Nodes:
-    """The cluster process: its address, and `set("a=1 b=1")` / `remove("b")` for its worker nodes."""
-
-    def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "ray_nodes.py")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=ENV,
-        )
-        self.address = self._answer("address ")
-
-    def _answer(self, prefix: str) -> str:
-        for line in self.process.stdout:
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-        raise RuntimeError(f"the cluster process ended (status {self.process.wait()})")
-
-    def send(self, command: str) -> None:
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        self._answer("ok")
-
-    def set(self, spec: str) -> None:
-        self.send(f"nodes {spec}")
-
-    def remove(self, name: str) -> None:
-        self.send(f"remove {name}")
-
-    def close(self) -> None:
-        try:
-            self.send("quit")
-        except (BrokenPipeError, RuntimeError):
-            pass
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
 
 
 @pytest.fixture(scope="module")
