@@ -159,3 +159,14 @@ def grpo_test_config(model_dir: Path, run_dir: Path, **extra):
         **extra,
     }
     return load_config(GRPOConfig, None, [f"{k}={v}" for k, v in overrides.items()])
+
+
+@pytest.fixture(scope="session")
+def ray_nodes():
+    """A multi-node Ray cluster on this machine in its own process (tests/functional/ray_nodes.py):
+    runs attach to it with RAY_ADDRESS; `set("a=1 b=1")` lays out its worker nodes. Shut down at the end."""
+    from functional.ray_nodes import Nodes
+
+    nodes = Nodes()
+    yield nodes
+    nodes.close()

@@ -4,7 +4,7 @@ worker and saying how to go on, and the same command resumes from the latest com
 One GRPO run on Ray with split placement has all three kinds of worker as their own processes: the
 policy (ActorPolicy), generation (GenerationWorker) and environment (_EnvWorker) actors. Each run
 below loses one of them after its first checkpoint; the next run resumes from there. The runs attach
-(RAY_ADDRESS) to one Ray cluster started for the test (functional/ray_nodes.py, a node of 3 CPUs),
+(RAY_ADDRESS) to the session's cluster process (`ray_nodes` in conftest.py; here one node of 3 CPUs),
 as jobs on a long-lived cluster do, which saves starting Ray for each run.
 """
 
@@ -16,7 +16,6 @@ import signal
 
 import pytest
 from fault_helpers import complete_steps, finish, kill_tree_leftovers, ray_actor_pids, start, wait_for
-from functional.ray_nodes import Nodes
 
 pytestmark = pytest.mark.ray
 
@@ -54,16 +53,9 @@ def response_lengths(run_dir) -> list[tuple[int, float]]:
 WORKERS = [("GenerationWorker", "generation-0"), ("ActorPolicy", "policy-0"), ("_EnvWorker", "env-math-0")]
 
 
-@pytest.fixture
-def cluster():
-    nodes = Nodes()
-    nodes.set("a=3")
-    yield nodes
-    nodes.close()
-
-
-def test_a_killed_worker_stops_the_run_and_the_rerun_resumes(cluster, tiny_model_dir, tmp_path):
-    address = cluster.address
+def test_a_killed_worker_stops_the_run_and_the_rerun_resumes(ray_nodes, tiny_model_dir, tmp_path):
+    ray_nodes.set("a=3")
+    address = ray_nodes.address
     run_dir = tmp_path / "run"
     args = grpo_args(tiny_model_dir, run_dir, max_steps=len(WORKERS) + 1)
     earlier: set[int] = set()  # actor processes of earlier runs (they may still be exiting)
@@ -72,7 +64,7 @@ def test_a_killed_worker_stops_the_run_and_the_rerun_resumes(cluster, tiny_model
         try:
             # after this run's first checkpoint (step i + 1), while it takes the next step
             wait_for(lambda i=i: complete_steps(run_dir)[-1:] == [i + 1], run, what=f"checkpoint {i + 1}")
-            actors = ray_actor_pids(cluster.process.pid)  # its raylets start the actors
+            actors = ray_actor_pids(ray_nodes.process.pid)  # its raylets start the actors
             [pid] = [p for p in actors.get(class_name, []) if p not in earlier]
             earlier |= {p for pids in actors.values() for p in pids}
             os.kill(pid, signal.SIGKILL)

@@ -1,5 +1,6 @@
 """A simulated cluster: two Ray nodes on this machine (`ray.cluster_utils.Cluster`, driven by
-ray_nodes.py in its own process) and the real command line attached to it with RAY_ADDRESS.
+ray_nodes.py in its own process: the session's `ray_nodes` fixture) and the real command line
+attached to it with RAY_ADDRESS.
 
 The head node has no CPUs and each worker node one, so two 1-CPU workers can only run one per node:
 the data-parallel policy ranks, or the policy and the generation worker, sit on different nodes.
@@ -18,20 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import sft_overrides, write_sft_jsonl
-from ray_nodes import Nodes
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.ray
 
 HERE = Path(__file__).parent
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
-
-
-@pytest.fixture(scope="module")
-def nodes():
-    cluster = Nodes()
-    yield cluster
-    cluster.close()
 
 
 def cli(args: list[str], *, address: str | None = None, **env: str) -> subprocess.CompletedProcess:
@@ -55,11 +48,11 @@ def sft_args(model_dir, data, run_dir, **extra) -> list[str]:
     return ["sft", *sft_overrides(model_dir, data, run_dir, **{**settings, **extra})]
 
 
-def test_data_parallel_over_two_nodes_equals_one_worker(nodes, tiny_model_dir, tmp_path):
+def test_data_parallel_over_two_nodes_equals_one_worker(ray_nodes, tiny_model_dir, tmp_path):
     """Two policy ranks, one per node, train like one worker on the whole batch: the loss is
     normalised by the global token count and the gradients are all-reduced over gloo across the
     nodes. Only fp32 rounding separates them (each rank sums half the batch)."""
-    nodes.set("a=1 b=1")
+    ray_nodes.set("a=1 b=1")
     data = write_sft_jsonl(tmp_path / "train.jsonl", n=16)
     two = cli(
         sft_args(
@@ -68,7 +61,7 @@ def test_data_parallel_over_two_nodes_equals_one_worker(nodes, tiny_model_dir, t
             tmp_path / "two",
             **{"cluster.backend": "ray", "cluster.num_workers": 2, "cluster.cpus_per_worker": 1},
         ),
-        address=nodes.address,
+        address=ray_nodes.address,
     )
     assert two.returncode == 0, two.stderr[-4000:]
     assert "on 2 worker(s)" in two.stdout + two.stderr
@@ -94,12 +87,12 @@ def test_data_parallel_over_two_nodes_equals_one_worker(nodes, tiny_model_dir, t
 
 
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
-def test_refit_across_nodes(nodes, tiny_model_dir, tmp_path, transport):
+def test_refit_across_nodes(ray_nodes, tiny_model_dir, tmp_path, transport):
     """The policy on one node, the generation worker on the other: after every update the new
     weights travel to the other node (object store, or a gloo broadcast), and the refit check
     (Σw, Σw² of both sides to 1e-9) passes every step. A reward that varies within a group makes
     every update change the weights."""
-    nodes.set("a=1 b=1")
+    ray_nodes.set("a=1 b=1")
     run_dir = tmp_path / "run"
     settings = {
         "policy.model_name": tiny_model_dir,
@@ -124,7 +117,7 @@ def test_refit_across_nodes(nodes, tiny_model_dir, tmp_path, transport):
     }
     result = cli(
         ["grpo", *[f"{k}={v}" for k, v in settings.items()]],
-        address=nodes.address,
+        address=ray_nodes.address,
         PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -136,10 +129,10 @@ def test_refit_across_nodes(nodes, tiny_model_dir, tmp_path, transport):
         assert row["refit/checksum_relative_diff"] <= 1e-9
 
 
-def test_a_lost_node_fails_fast_naming_the_worker(nodes, tiny_model_dir, tmp_path):
+def test_a_lost_node_fails_fast_naming_the_worker(ray_nodes, tiny_model_dir, tmp_path):
     """A node disappears mid-run (its raylet and workers killed at once): the run stops with the
     dead rank's name and the checkpoint a re-run resumes from, instead of waiting in a collective."""
-    nodes.set("a=1 b=1")
+    ray_nodes.set("a=1 b=1")
     data = write_sft_jsonl(tmp_path / "train.jsonl", n=16)
     run_dir = tmp_path / "run"
     args = sft_args(
@@ -160,7 +153,7 @@ def test_a_lost_node_fails_fast_naming_the_worker(nodes, tiny_model_dir, tmp_pat
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**ENV, "RAY_ADDRESS": nodes.address},
+        env={**ENV, "RAY_ADDRESS": ray_nodes.address},
     )
     try:
         first = run_dir / "checkpoints" / "step_000001" / "COMPLETE"
@@ -169,7 +162,7 @@ def test_a_lost_node_fails_fast_naming_the_worker(nodes, tiny_model_dir, tmp_pat
             assert run.poll() is None, run.communicate()[1][-4000:]
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
             time.sleep(0.05)
-        nodes.remove("b")
+        ray_nodes.remove("b")
         out, err = run.communicate(timeout=300)
     finally:
         if run.poll() is None:
