@@ -5,6 +5,7 @@ tests/unit/test_progress.py; every other functional test runs with its output pi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,7 @@ def test_phase_bars_on_a_terminal(tiny_model_dir, tmp_path):
         env=env,
     )
     screen = typescript.read_text(errors="replace")
-    assert "generation" in screen and "0/4" in screen  # the batch: 2 prompts x 2 episodes
-    assert "validation" in screen
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)  # without colours and cursor moves
+    assert re.search(r"generation [━╺╸ ]+ 0/4 ", text), text[-2000:]  # the batch: 2 prompts x 2 episodes
+    assert re.search(r"validation [━╺╸ ]+ \d+/4 ", text), text[-2000:]  # 4 held-out problems
     assert "\x1b[1A\x1b[2K" in screen  # transient: the phase's line is erased when it ends
