@@ -14,8 +14,10 @@ The head node has no CPUs, so every worker lands on a worker node; a node with o
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -49,12 +51,21 @@ class Nodes:
     """The cluster process: its address, and `set("a=1 b=1")` / `remove("b")` for its worker nodes."""
 
     def __init__(self) -> None:
+        self.temp_dir = tempfile.mkdtemp(prefix="ptray-")
         self.process = subprocess.Popen(
             [sys.executable, str(Path(__file__))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"},
+            env={
+                **os.environ,
+                "TOKENIZERS_PARALLELISM": "false",
+                "OMP_NUM_THREADS": "1",
+                # Cluster writes its address into <ray temp dir>/ray_current_cluster, where any
+                # `ray.init()` without an address on this machine would find and join it: a private
+                # temp dir keeps other runs and tests off this cluster
+                "RAY_TMPDIR": self.temp_dir,
+            },
         )
         self.address = self._answer("address ")
 
@@ -84,6 +95,7 @@ class Nodes:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.process.kill()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def _raise_lost_peer(pending: list, names: Sequence[str], grace_s: float = PEER_
     for ref in done:
         try:
             ray.get(ref)
-        except ray.exceptions.RayActorError as e:
+        except _worker_deaths() as e:
             raise WorkerLostError(names[pending.index(ref)], _death_reason(e)) from None
         except ray.exceptions.RayError:
             continue
@@ -172,7 +172,7 @@ def _raise_if_failed(ref: Any, name: str) -> None:
 
     try:
         ray.get(ref)
-    except ray.exceptions.RayActorError as e:
+    except _worker_deaths() as e:
         raise WorkerLostError(name, _death_reason(e)) from None
     except ray.exceptions.RayError as e:
         cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else None
@@ -181,9 +181,20 @@ def _raise_if_failed(ref: Any, name: str) -> None:
         raise WorkerError(f"worker {name} failed:\n{e}", cause) from None
 
 
+def _worker_deaths() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a worker process that is gone (not an exception in its code): its actor
+    died, Ray's memory monitor killed it, it crashed, or its node died."""
+    import ray
+
+    errors = ray.exceptions
+    return (errors.RayActorError, errors.OutOfMemoryError, errors.WorkerCrashedError, errors.NodeDiedError)
+
+
 def _death_reason(error: BaseException) -> str:
     """Ray's account of an actor's death in one line: the first sentence of its message."""
     text = " ".join(str(error).split())
+    if "running low on memory" in text or "OOM" in text:
+        return "killed by Ray's memory monitor: the node ran low on memory"
     reason = text.split(". ")[0].removeprefix("The actor died unexpectedly before finishing this task")
     return reason.strip(" .:") or "its process exited: killed, out of memory, or its node was lost"
 
