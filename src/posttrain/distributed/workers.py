@@ -193,7 +193,7 @@ def _worker_deaths() -> tuple[type[BaseException], ...]:
 def _death_reason(error: BaseException) -> str:
     """Ray's account of an actor's death in one line: the first sentence of its message."""
     text = " ".join(str(error).split())
-    if "running low on memory" in text or "OOM" in text:
+    if "node running low on memory" in text:  # the memory monitor's own words, not a hint list
         return "killed by Ray's memory monitor: the node ran low on memory"
     reason = text.split(". ")[0].removeprefix("The actor died unexpectedly before finishing this task")
     return reason.strip(" .:") or "its process exited: killed, out of memory, or its node was lost"
