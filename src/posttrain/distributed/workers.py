@@ -160,7 +160,8 @@ def _raise_lost_peer(pending: list, names: Sequence[str], grace_s: float = PEER_
         try:
             ray.get(ref)
         except _worker_deaths() as e:
-            raise WorkerLostError(names[pending.index(ref)], _death_reason(e)) from None
+            if not _init_failed(e):
+                raise WorkerLostError(names[pending.index(ref)], _death_reason(e)) from None
         except ray.exceptions.RayError:
             continue
 
@@ -173,6 +174,8 @@ def _raise_if_failed(ref: Any, name: str) -> None:
     try:
         ray.get(ref)
     except _worker_deaths() as e:
+        if _init_failed(e):  # an exception in the worker's constructor: a bug or a bad input
+            raise WorkerError(f"worker {name} failed:\n{e}") from None
         raise WorkerLostError(name, _death_reason(e)) from None
     except ray.exceptions.RayError as e:
         cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else None
@@ -188,6 +191,11 @@ def _worker_deaths() -> tuple[type[BaseException], ...]:
 
     errors = ray.exceptions
     return (errors.RayActorError, errors.OutOfMemoryError, errors.WorkerCrashedError, errors.NodeDiedError)
+
+
+def _init_failed(error: BaseException) -> bool:
+    """A dead actor whose constructor raised: its process did not die, its code failed."""
+    return bool(getattr(error, "actor_init_failed", False))
 
 
 def _death_reason(error: BaseException) -> str:
