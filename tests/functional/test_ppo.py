@@ -144,7 +144,7 @@ def test_ppo_two_steps_with_warmup_epochs_and_resume(tiny_model_dir, tmp_path, p
     assert any("val/accuracy" in h for h in second.history)
 
 
-def test_ppo_cli_runs_two_steps(tiny_model_dir, tmp_path):
+def test_ppo_cli_runs_two_steps_with_kl_reward_and_adaptive_lambda(tiny_model_dir, tmp_path):
     from posttrain.cli import main
 
     cfg = ppo_test_config(tiny_model_dir, tmp_path / "cli")
@@ -153,6 +153,8 @@ def test_ppo_cli_runs_two_steps(tiny_model_dir, tmp_path):
         "data.validation=null", "ppo.max_steps=2", "ppo.prompts_per_step=2", "ppo.critic_warmup_steps=0",
         "generation.max_new_tokens=8", "cluster.backend=local", f"logging.run_dir={tmp_path / 'cli'}",
         "logging.tensorboard=false", "logging.plots=false", "checkpoint.enabled=false",
+        # the KL to the reference as a per-token reward, VAPO's length-adaptive λ
+        "loss.kl_beta=0.1", "loss.kl_in_reward=true", "advantage.lam_actor_alpha=0.05",
     ]  # fmt: skip
     assert cfg.ppo.generations_per_prompt == 1
     assert main(["ppo", *overrides]) == 0
@@ -160,6 +162,11 @@ def test_ppo_cli_runs_two_steps(tiny_model_dir, tmp_path):
 
     rows = [json.loads(line) for line in open(tmp_path / "cli" / "metrics.jsonl")]
     assert sum("critic/value_loss" in r for r in rows) == 2 and sum("pg_loss" in r for r in rows) == 2
+    train = [r for r in rows if "critic/value_loss" in r]
+    assert all(
+        "reward/kl_penalty" in r and "kl" in r and 0 <= r["advantages/lam_actor_mean"] <= 1 for r in train
+    )
+    assert train[0]["reward/kl_penalty"] == pytest.approx(0.0, abs=1e-6)  # π_old = π_ref at first
 
 
 def test_ppo_multi_turn_observation_tokens_masked(tiny_model_dir, tmp_path):
