@@ -649,7 +649,9 @@ class AdvantageConfig(Strict):
         "token (0: distillation only).",
     )
     teacher_temperature: float = Field(
-        1.0, gt=0, description="on_policy_distill: the teacher's log-probabilities are of softmax(logits / T)."
+        1.0,
+        gt=0,
+        description="on_policy_distill: the teacher's log-probabilities are of softmax(logits / T).",
     )
 
     @model_validator(mode="after")
@@ -738,7 +740,8 @@ class GRPOConfig(Strict):
     dapo: DAPOConfig = DAPOConfig()
     grpo: GRPOTrainerConfig = GRPOTrainerConfig()
     teacher: TeacherConfig | None = Field(
-        None, description="The teacher of advantage.estimator=on_policy_distill (required by it, else unused)."
+        None,
+        description="The teacher of advantage.estimator=on_policy_distill (required by it, else unused).",
     )
     cluster: ClusterConfig = ClusterConfig()
     checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
@@ -1401,7 +1404,11 @@ class PPOConfig(Strict):
                 "dapo.dynamic_sampling drops groups whose rewards are all equal, which PPO's critic "
                 "baseline does not need (and a group of one sample always has): set it to false"
             )
-        if self.critic.placement == "split" and self.cluster.backend == "local" and self.critic.num_workers > 1:
+        if (
+            self.critic.placement == "split"
+            and self.cluster.backend == "local"
+            and self.critic.num_workers > 1
+        ):
             raise ValueError(
                 f"critic.num_workers={self.critic.num_workers} with cluster.backend=local: the local "
                 "backend runs one in-process worker per group; set critic.num_workers=1 or cluster.backend=ray"
@@ -1411,7 +1418,9 @@ class PPOConfig(Strict):
         policy_workers = self.cluster.policy_workers()
         critic_workers = self.critic.num_workers if self.critic.placement == "split" else policy_workers
         for name, workers in (("policy", policy_workers), ("critic", critic_workers)):
-            if batch % (p.updates_per_batch * workers) and not (workers == 1 and p.updates_per_batch <= batch):
+            if batch % (p.updates_per_batch * workers) and not (
+                workers == 1 and p.updates_per_batch <= batch
+            ):
                 raise ValueError(
                     f"ppo.updates_per_batch={p.updates_per_batch} does not split the batch of {batch} "
                     f"sequences (ppo.prompts_per_step x ppo.generations_per_prompt) into minibatches that "
