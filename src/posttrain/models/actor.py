@@ -250,7 +250,10 @@ class ActorPolicy(Sampling, Policy):
                 if self.rank == 0:
                     state[name] = tensor.cpu()
         else:
-            full = self.state_dict_cpu() if self.sharded else None  # under FSDP2 a collective: every rank
+            # under FSDP2 a collective on every rank; the full tensors land on rank 0 only
+            full = self.state_dict_cpu() if self.sharded else None
+            if self.rank != 0:
+                return []
             params = self.model.named_parameters()
             state = (
                 {n: full[n] for n, _ in params} if full is not None else {n: p.detach() for n, p in params}
