@@ -258,7 +258,12 @@ def test_ppo_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp_path):
     (weights and AdamW state): the checkpoint holds everything the critic's next step depends on."""
     from posttrain.trainers.ppo import run_ppo
 
-    extra = {"data.validation": "null", "ppo.critic_warmup_steps": 1, "checkpoint.save_every": 1}
+    extra = {
+        "data.validation": "null",
+        "ppo.critic_warmup_steps": 1,
+        "ppo.updates_per_batch": 2,  # 2 minibatches, reshuffled in the second epoch
+        "checkpoint.save_every": 1,
+    }
     straight = run_ppo(ppo_test_config(tiny_model_dir, tmp_path / "straight", **extra))
     cfg = ppo_test_config(tiny_model_dir, tmp_path / "resumed", **extra)
     run_ppo(cfg, stop_after=1)
@@ -268,3 +273,27 @@ def test_ppo_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp_path):
         b = _checkpoint_tensors(resumed.last_checkpoint / sub)
         assert a.keys() == b.keys()
         assert [k for k in a if not torch.equal(a[k], b[k])] == [], sub or "policy"
+
+
+def test_epochs_after_the_first_reshuffle_the_minibatches_reproducibly(tokenizer):
+    """Epoch 0 cuts the batch in order; epoch 1 permutes its rows first, the same way for the same
+    (seed, step, epoch): a resumed run trains on the same minibatches."""
+    from types import SimpleNamespace
+
+    from posttrain.trainers.ppo import PPOTrainer
+
+    batch = _batch(tokenizer, seed=0)
+    batch = batch.reorder([0, 1, 2])
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(ppo=SimpleNamespace(updates_per_batch=3, seed=0)), current_step=4
+    )
+    rows = {tuple(batch.input_ids[i][batch.attention_mask[i].bool()].tolist()): i for i in range(3)}
+
+    def order(epoch):
+        mbs = PPOTrainer.epoch_minibatches(trainer, batch, epoch)
+        return [rows[tuple(mb.input_ids[0][mb.attention_mask[0].bool()].tolist())] for mb in mbs]
+
+    assert order(0) == [0, 1, 2]
+    assert sorted(order(1)) == [0, 1, 2] and order(1) == order(1)
+    shuffled = {tuple(order(e)) for e in range(1, 8)}
+    assert len(shuffled) > 1  # the permutation depends on the epoch

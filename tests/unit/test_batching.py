@@ -38,3 +38,13 @@ def test_sampler_reshuffles_per_epoch_and_resumes_from_state():
     c = EpochSampler(10, 4, seed=3)
     c.load_state_dict(b.state_dict())
     assert [c.next_batch() for _ in range(2)] == order[3:5]
+
+
+def test_reorder_moves_every_tensor_field_together():
+    batch = collate(_examples([3, 1, 2]))
+    out = batch.reorder([2, 0, 1])
+    assert out.input_ids.tolist() == [[1, 2, 0], [1, 2, 3], [1, 0, 0]]
+    assert torch.equal(out.loss_mask, batch.loss_mask[[2, 0, 1]])
+    assert torch.equal(out.attention_mask, batch.attention_mask[[2, 0, 1]])
+    with pytest.raises(ValueError, match="permutation"):
+        batch.reorder([0, 0, 1])

@@ -48,6 +48,18 @@ class TokenBatch:
             updates[field.name] = value
         return dataclasses.replace(self, **updates)
 
+    def reorder(self, order: Sequence[int]) -> TokenBatch:
+        """The rows in `order` (a permutation of range(len(self))), every tensor field alike."""
+        if sorted(order) != list(range(len(self))):
+            raise ValueError(f"reorder needs a permutation of range({len(self)}), got {list(order)}")
+        index = torch.as_tensor(list(order), dtype=torch.long)
+        updates = {
+            f.name: getattr(self, f.name)[index]
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **updates)
+
     def shards(self, n: int) -> list[TokenBatch]:
         """n contiguous, equal shards (one per data-parallel worker)."""
         if len(self) % n:

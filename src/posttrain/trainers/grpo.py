@@ -581,7 +581,8 @@ class GRPOTrainer:
                 batch.old_logprobs = self.policy.logprobs(batch)
 
     def train_on(self, batch: RLBatch) -> dict[str, float]:
-        """`updates_per_batch` optimizer steps over contiguous minibatches of the rollout batch."""
+        """`updates_per_batch` optimizer steps over contiguous minibatches of the rollout batch; metrics
+        (the gradient norm included) are means over them, the learning rate the last one's."""
         cfg = self.cfg
         self.add_logprobs(batch)
         metrics: dict[str, float] = {}
@@ -591,9 +592,9 @@ class GRPOTrainer:
                 normalizer, tokens = self.normalizers(mb)
                 loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
                 out = self.policy.train(mb, loss_fn, normalizer)
-                for k, v in out.loss_metrics.items():
+                for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
                     metrics[k] = metrics.get(k, 0.0) + v / len(minibatches)
-                metrics["grad_norm"], metrics["lr"] = out.grad_norm, out.lr
+                metrics["lr"] = out.lr
         if self.async_rollouts is not None:
             metrics.update(
                 behaviour_ratio_metrics(batch, cfg.loss.importance_min or 0.0, cfg.loss.importance_cap)

@@ -216,15 +216,26 @@ class PPOTrainer(GRPOTrainer):
         """False during the critic's warm-up (the first `ppo.critic_warmup_steps` steps)."""
         return self.current_step >= self.cfg.ppo.critic_warmup_steps
 
+    def epoch_minibatches(self, batch: PPOBatch, epoch: int) -> list[PPOBatch]:
+        """The minibatches of one PPO epoch: `updates_per_batch` contiguous pieces of the batch, its
+        rows reshuffled for every epoch after the first (a permutation seeded by (seed, step, epoch),
+        so a resumed run draws the same ones). With one minibatch the order changes nothing."""
+        p = self.cfg.ppo
+        if epoch > 0 and p.updates_per_batch > 1:
+            seed = p.seed * 1_000_003 + self.current_step * 101 + epoch
+            order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed)).tolist()
+            batch = batch.reorder(order)
+        return batch.chunks(p.updates_per_batch)
+
     def train_on(self, batch: PPOBatch) -> dict[str, float]:  # type: ignore[override]
         """`ppo_epochs` passes of `updates_per_batch` minibatches: a critic step on each, and a policy
-        step once the warm-up is over. Metrics are means over the updates."""
+        step once the warm-up is over. Metrics (gradient norms included) are means over the updates;
+        the learning rates are the last update's."""
         p = self.cfg.ppo
         train_policy = self.policy_trains()
         if train_policy:
             self.add_logprobs(batch)
-        minibatches = batch.chunks(p.updates_per_batch)
-        updates = p.ppo_epochs * len(minibatches)
+        updates = p.ppo_epochs * len(batch.chunks(p.updates_per_batch))
         value_fn = functools.partial(value_loss_fn, clip=self.cfg.critic.value_clip)
         metrics: dict[str, float] = {"critic/warmup": float(not train_policy)}
 
@@ -233,17 +244,17 @@ class PPOTrainer(GRPOTrainer):
                 metrics[prefix + k] = metrics.get(prefix + k, 0.0) + v / updates
 
         with self.timer("training"):
-            for _ in range(p.ppo_epochs):
-                for mb in minibatches:
+            for epoch in range(p.ppo_epochs):
+                for mb in self.epoch_minibatches(batch, epoch):
                     out = self.critic.train(mb, value_fn, max(1.0, float(mb.loss_mask.sum())))
-                    add("critic/", out.loss_metrics)
-                    metrics["critic/grad_norm"], metrics["critic/lr"] = out.grad_norm, out.lr
+                    add("critic/", {**out.loss_metrics, "grad_norm": out.grad_norm})
+                    metrics["critic/lr"] = out.lr
                     if train_policy:
                         normalizer, tokens = self.normalizers(mb)
                         loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
                         out = self.policy.train(mb, loss_fn, normalizer)
-                        add("", out.loss_metrics)
-                        metrics["grad_norm"], metrics["lr"] = out.grad_norm, out.lr
+                        add("", {**out.loss_metrics, "grad_norm": out.grad_norm})
+                        metrics["lr"] = out.lr
         if train_policy:
             self.policy_version += 1
             metrics.update(self.refit())
