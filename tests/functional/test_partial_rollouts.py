@@ -94,3 +94,46 @@ def test_generation_worker_polls_the_shared_snapshot(tiny_model_dir, tmp_path):
         assert torch.equal(param, dict(policy.named_parameters())[name])
     assert worker.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3), 8).versions == []  # off: none
     snapshot.close()
+
+
+def test_async_run_with_partial_rollouts_records_token_versions(tiny_model_dir, tmp_path):
+    """Async GRPO (local backend, shared-memory snapshots) with partial rollouts runs; the buffered
+    trajectories carry a version per generated token, never decreasing, and their version is the oldest."""
+    from conftest import grpo_test_config
+
+    from posttrain.trainers.grpo import GRPOTrainer
+    from posttrain.trainers.grpo_async import STATE_FILE
+
+    cfg = grpo_test_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        **{
+            "generation.placement": "split",
+            "grpo.async_mode": True,
+            "grpo.partial_rollouts": True,
+            "grpo.max_trajectory_age_steps": 1,
+            "grpo.max_steps": 2,
+            "grpo.val_at_start": False,
+            "grpo.val_every": 100,
+            "checkpoint.save_every": 2,
+            "logging.plots": False,
+            "environment.name": "length_env:LengthEnvironment",
+            "policy.optimizer.lr": 1e-3,
+        },
+    )
+    trainer = GRPOTrainer(cfg)
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.shutdown()
+    rows = [h for h in result.history if "pg_loss" in h]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["async/age_max"] > 0 or "timing/old_logprobs" not in r  # shortcut only when on-policy
+    saved = torch.load(result.last_checkpoint / STATE_FILE, weights_only=False)
+    trajectories = [t for g in saved["buffer"]["groups"] for t in g["trajectories"]]
+    assert trajectories
+    for t in trajectories:
+        versions = t["token_versions"]
+        assert len(versions) == sum(t["loss_mask"]) and versions == sorted(versions)
+        assert t["policy_version"] == versions[0]
