@@ -277,7 +277,7 @@ def build_trl(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    dataset = Dataset.from_list([{"prompt": p.messages, "answer": p.answer} for p in problems])
+    dataset = Dataset.from_list([{"prompt": p["messages"], "answer": p["answer"]} for p in problems])
     config = GRPOConfig(
         output_dir=out_dir,
         use_cpu=True,
@@ -464,7 +464,7 @@ def main() -> int:
     system = pt.cfg.data.system_prompt
     print(
         f"prompts (both sides): {len(pt.trainer.train_problems)} problems, system prompt {system!r}, e.g. "
-        f"{problems[0].messages[-1]['content']!r}; reward (both sides): {pt.cfg.environment.name} "
+        f"{problems[0]['messages'][-1]['content']!r}; reward (both sides): {pt.cfg.environment.name} "
         f"environment {pt.cfg.environment.kwargs}",
         flush=True,
     )
