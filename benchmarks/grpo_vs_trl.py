@@ -48,6 +48,13 @@ and a step can take 10x longer than on an idle machine (seen on 2 cores: 8 s -> 
 sides and not evenly, so medians mean little. The load average is printed before, after and at
 every step; compare minima, or run with `--threads 1`, which degrades smoothly under load (there,
 same-run step times varied by a few percent at a load average of 4 on 2 cores).
+
+`--posttrain-async` runs posttrain's fastest configuration, asynchronous GRPO allowed, against TRL's
+default GRPO: the split Ray placement with `grpo.async_mode=true` and `max_trajectory_age_steps=1`,
+the overrides of `benchmarks/async_vs_sync.py`'s async_age1 arm (imported, not copied). posttrain
+then runs all its steps first in one `fit` (generation overlaps training, so its steps cannot be
+driven one by one or interleaved with TRL's), and its step time is `timing/step` from the run's
+history: one trainer cycle, from taking a batch to taking the next. TRL runs after it.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from async_vs_sync import arm_overrides  # benchmarks/async_vs_sync.py: the async_age1 arm's overrides
 from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
 
 MODEL_ALIAS = "smollm2-135m-instruct"
@@ -142,6 +150,8 @@ def posttrain_overrides(args: argparse.Namespace, model_path: str, run_dir: str)
     }
     if args.threads:  # Ray workers set their own torch threads from cpus_per_worker
         overrides["cluster.cpus_per_worker"] = args.threads
+    if args.posttrain_async:  # split Ray placement, async_mode, max_trajectory_age_steps=1
+        overrides.update(arm_overrides("async_age1", os.cpu_count() or 1, args.gen_cpus))
     return [f"{k}={v}" for k, v in overrides.items()] + list(args.set)
 
 
@@ -194,6 +204,31 @@ class PosttrainSide:
         self.records.append(record)
         return record
 
+    def run_all_async(self) -> None:
+        """--posttrain-async: every step in one `fit` (generation runs in the background); one record
+        per step from the history, its phases as the trainer logged them. No per-step load average or
+        CPU time (the generation actor is another process): the load at the end stands for them."""
+        result = self.trainer.fit()
+        load1 = os.getloadavg()[0]
+        for h in result.history:
+            if "timing/step" not in h:
+                continue
+            self.step += 1
+            record = {k.removeprefix("timing/"): v for k, v in h.items() if k.startswith("timing/")}
+            record.update(
+                response_length=h.get("response_length", float("nan")),
+                reward=h.get("reward/mean", float("nan")),
+                age_mean=h.get("async/age_mean", float("nan")),
+                load1=load1,
+            )
+            self.records.append(record)
+            print(
+                f"  posttrain step {self.step} (async): {record['step']:6.2f} s  (trajectory age "
+                f"{record['age_mean']:.2f}, mean length {record['response_length']:.1f}, reward "
+                f"{record['reward']:.2f})",
+                flush=True,
+            )
+
     def shutdown(self) -> None:
         self.trainer.shutdown()
 
@@ -242,7 +277,7 @@ def build_trl(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    dataset = Dataset.from_list([{"prompt": p.messages, "answer": p.answer} for p in problems])
+    dataset = Dataset.from_list([{"prompt": p["messages"], "answer": p["answer"]} for p in problems])
     config = GRPOConfig(
         output_dir=out_dir,
         use_cpu=True,
@@ -374,11 +409,22 @@ def main() -> int:
         action="store_true",
         help="TRL's default (gradient_checkpointing=True); off by default to match posttrain",
     )
+    parser.add_argument(
+        "--posttrain-async",
+        action="store_true",
+        help="posttrain's fastest configuration with async allowed (async_vs_sync.py's async_age1 "
+        "overrides: Ray, split placement, async_mode, age 1); posttrain runs all its steps first",
+    )
+    parser.add_argument(
+        "--gen-cpus", type=int, default=1, help="--posttrain-async: cores of the generation actor"
+    )
     parser.add_argument("--model", default=None, help=f"HF folder; default: the {MODEL_ALIAS} alias")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="extra posttrain config override"
     )
     args = parser.parse_args()
+    if args.posttrain_async:  # fit() runs every posttrain step: no interleaving; the policy is a Ray actor
+        args.order, args.backend = "posttrain-first", "ray"
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -393,8 +439,9 @@ def main() -> int:
     print(
         f"config: {args.prompts} prompts x {args.generations} generations, {args.max_new_tokens} new tokens, "
         f"beta=0, 1 update per batch, lr {args.lr:g}; {args.warmup} warmup + {args.steps} timed steps each; "
-        f"order {args.order}; posttrain backend {args.backend}; TRL gradient checkpointing "
-        f"{'on' if args.trl_gradient_checkpointing else 'off'}"
+        f"order {args.order}; posttrain backend {args.backend}"
+        f"{' (async: split placement, async_mode, age 1)' if args.posttrain_async else ''}; "
+        f"TRL gradient checkpointing {'on' if args.trl_gradient_checkpointing else 'off'}"
     )
     load_before = loadavg()
     print(f"load average before (1/5/15 min): {load_before}", flush=True)
@@ -417,7 +464,7 @@ def main() -> int:
     system = pt.cfg.data.system_prompt
     print(
         f"prompts (both sides): {len(pt.trainer.train_problems)} problems, system prompt {system!r}, e.g. "
-        f"{problems[0].messages[-1]['content']!r}; reward (both sides): {pt.cfg.environment.name} "
+        f"{problems[0]['messages'][-1]['content']!r}; reward (both sides): {pt.cfg.environment.name} "
         f"environment {pt.cfg.environment.kwargs}",
         flush=True,
     )
@@ -467,7 +514,9 @@ def main() -> int:
     trl_trainer.add_callback(make_step_callback(trl_trainer, trl_phases, trl_records, after_trl_step))
 
     try:
-        if args.order == "posttrain-first":
+        if args.posttrain_async:
+            pt.run_all_async()
+        elif args.order == "posttrain-first":
             for _ in range(total):
                 posttrain_step()
         trl_trainer.train()
@@ -486,7 +535,9 @@ def main() -> int:
         problems_found.append(f"TRL ran {trl_trainer.state.global_step} optimizer steps, expected {total}")
     if reward.calls != [n] * total:
         problems_found.append(f"TRL reward calls saw {reward.calls} completions, expected {[n] * total}")
-    if any(r["completions"] != n or r["sequences_trained"] != n for r in pt.records):
+    if len(pt.records) != total:
+        problems_found.append(f"posttrain ran {len(pt.records)} steps, expected {total}")
+    if any(r["completions"] != n or r["sequences_trained"] != n for r in pt.records if "completions" in r):
         problems_found.append("posttrain did not train on exactly the step's completions")
 
     # -------------------------------------------------------------- report
@@ -500,8 +551,9 @@ def main() -> int:
     print(f"step times over {args.steps} timed steps (after {args.warmup} warmup), seconds:")
     print(f"  TRL       [{fmt_times(trl_steps)}]  median {trl_med:6.2f}  min {min(trl_steps):6.2f}")
     print(f"  posttrain [{fmt_times(pt_steps)}]  median {pt_med:6.2f}  min {min(pt_steps):6.2f}")
+    arm = "posttrain async (age 1, split)" if args.posttrain_async else "posttrain"
     print(
-        f"  ratio TRL / posttrain: {trl_med / pt_med:.2f}x (medians), "
+        f"  ratio TRL / {arm}: {trl_med / pt_med:.2f}x (medians), "
         f"{min(trl_steps) / min(pt_steps):.2f}x (minima); target >= 2x"
     )
     if args.backend == "local":

@@ -77,3 +77,37 @@ def test_async_config_rules():
     from posttrain.config.schema import GRPOConfig
 
     assert GRPOConfig().loss.importance_correction is None  # synchronous default unchanged
+
+
+def test_partial_rollouts_config_rules():
+    import pytest
+
+    assert _grpo().grpo.partial_rollouts is False  # off by default
+    assert _grpo(grpo={"partial_rollouts": True}).grpo.partial_rollouts  # ray on one CPU node: shared memory
+    with pytest.raises(ValueError, match="needs grpo.async_mode=true"):
+        _grpo(grpo={"async_mode": False, "partial_rollouts": True})
+    with pytest.raises(ValueError, match="generation.backend=hf"):
+        _grpo(grpo={"partial_rollouts": True}, generation={"backend": "vllm"})
+    with pytest.raises(ValueError, match="the refit transport here is object_store"):
+        _grpo(grpo={"partial_rollouts": True}, generation={"refit_transport": "object_store"})
+    with pytest.raises(ValueError, match="turn_barrier=true"):
+        _grpo(grpo={"partial_rollouts": True}, environment={"max_turns": 2, "turn_barrier": False})
+    assert _grpo(grpo={"partial_rollouts": True}, environment={"max_turns": 2, "turn_barrier": True})
+
+
+def test_partial_rollout_trajectory_is_as_old_as_its_oldest_token():
+    """A trajectory whose tokens came from versions 3 then 5 is version 3 (its age counts from there),
+    its group takes its oldest trajectory's version, and the batch is not on-policy at version 5."""
+    from posttrain.rollout.rollout import Rollouts
+    from posttrain.trainers.grpo_async import group_rollouts
+
+    def traj(group_id, versions):
+        return Trajectory([1] * 3, [1] * 3, [0.0] * 3, [], {}, group_id, token_versions=versions)
+
+    switched, late, whole = traj(0, [3, 3, 5]), traj(0, [5, 5, 5]), traj(1, [])
+    groups = group_rollouts(Rollouts([switched, late, whole], {}), version=3, batch_index=7, metrics={})
+    assert [t.policy_version for t in (switched, late, whole)] == [3, 5, 3]  # no versions: the batch's
+    assert [g.policy_version for g in groups] == [3, 3]
+    assert groups[0].age(5) == 2
+    assert not exactly_on_policy(torch.tensor([switched.policy_version, late.policy_version]), 5)
+    assert exactly_on_policy(torch.tensor([late.policy_version]), 5)

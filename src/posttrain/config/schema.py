@@ -714,6 +714,13 @@ class GRPOTrainerConfig(Strict):
         gt=0,
         description="Async: replay buffer capacity in groups; null: prompts_per_step × (max_trajectory_age_steps + 1).",
     )
+    partial_rollouts: bool = Field(
+        False,
+        description="Async: a generation may pick up newer weights between tokens (the HF sampler "
+        "loads a newer published snapshot between decode steps and recomputes its KV cache). Each token "
+        "keeps the logprob and version it was sampled with; a trajectory's age counts from its oldest "
+        "token. Needs async_mode, generation.backend=hf and the shared_memory refit transport.",
+    )
     async_watchdog_s: float = Field(
         600.0,
         gt=0,
@@ -798,6 +805,7 @@ class GRPOConfig(Strict):
         """Asynchronous GRPO needs generation workers of its own, a snapshot-capable refit and whole
         batches; its importance correction defaults to truncated IS."""
         g = self.grpo
+        self._check_partial_rollouts()
         if not g.async_mode:
             return self
         if self.generation.placement != "split":
@@ -824,6 +832,34 @@ class GRPOConfig(Strict):
         if "importance_correction" not in self.loss.model_fields_set:
             self.loss.importance_correction = "truncated"
         return self
+
+    def _check_partial_rollouts(self) -> None:
+        """grpo.partial_rollouts: async mode, posttrain's HF sampler, shared-memory snapshots (whose
+        version word a worker polls between decode steps), turn-by-turn multi-turn episodes."""
+        if not self.grpo.partial_rollouts:
+            return
+        if not self.grpo.async_mode:
+            raise ValueError(
+                "grpo.partial_rollouts=true updates a generation's weights while the policy trains: it "
+                "needs grpo.async_mode=true"
+            )
+        if self.generation.backend != "hf":
+            raise ValueError(
+                f"grpo.partial_rollouts=true is implemented in posttrain's HF sampler, not in "
+                f"generation.backend={self.generation.backend}: set generation.backend=hf"
+            )
+        transport = self.generation.resolved_refit_transport(self.cluster, self.policy.split_weights)
+        if transport != "shared_memory":
+            raise ValueError(
+                f"grpo.partial_rollouts=true polls the policy's shared-memory snapshot between decode steps; "
+                f"the refit transport here is {transport}: set generation.refit_transport=shared_memory "
+                "(one CPU machine)"
+            )
+        if self.environment.max_turns > 1 and not self.environment.turn_barrier:
+            raise ValueError(
+                "grpo.partial_rollouts=true is not implemented in the continuous multi-turn decoder: set "
+                "environment.turn_barrier=true"
+            )
 
     @model_validator(mode="after")
     def _minibatches_fit_workers(self) -> GRPOConfig:

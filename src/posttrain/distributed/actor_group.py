@@ -73,9 +73,10 @@ class ActorGroup(PolicyGroup):
     def unlink_shared_weights(self) -> None:
         self.workers.run(ActorPolicy.unlink_shared_weights)
 
-    def publish_weights(self) -> SharedWeightsHandle | None:
-        """Copy the weights into rank 0's shared-memory snapshot (asynchronous GRPO); its handle."""
-        return self.workers.run(ActorPolicy.publish_weights)[0]
+    def publish_weights(self, version: int = -1) -> SharedWeightsHandle | None:
+        """Copy the weights into rank 0's shared-memory snapshot as policy `version` (asynchronous
+        GRPO); its handle."""
+        return self.workers.run(ActorPolicy.publish_weights, [(version,)] * len(self.workers))[0]
 
     def unlink_snapshot(self) -> None:
         self.workers.run(ActorPolicy.unlink_snapshot)

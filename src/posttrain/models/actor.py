@@ -31,9 +31,9 @@ from posttrain.models.refit import (
     SharedFlatWeights,
     SharedSnapshot,
     SharedWeightsHandle,
+    SnapshotReader,
     host_refit_store,
     load_packed,
-    map_shared,
     pack_state_dict,
     plan_buckets,
     receive_buckets,
@@ -41,6 +41,7 @@ from posttrain.models.refit import (
     unpack,
     weights_checksum,
 )
+from posttrain.models.sampler import WeightUpdates
 from posttrain.models.tokenizer import load_tokenizer
 
 
@@ -65,8 +66,18 @@ class Sampling:
     ) -> GenerationOutput:
         if self.engine is not None:
             return self.engine.generate(prompt_ids, params) if prompt_ids else GenerationOutput()
+        updates = self.weight_updates() if params.partial_rollouts else None
         with self.generation_autocast():
-            return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
+            return hf_generate(
+                self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size, updates=updates
+            )
+
+    def weight_updates(self) -> WeightUpdates:
+        """Partial rollouts: how this worker loads newer weights between decode steps."""
+        raise ValueError(
+            "partial rollouts (grpo.partial_rollouts) need a generation worker of the HF backend that "
+            "loads the policy's shared-memory snapshots"
+        )
 
     def run_with_model(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(model, tokenizer, *args)` with this worker's HF model under the generation compute
@@ -144,7 +155,7 @@ class ActorPolicy(Sampling, Policy):
         if self.shared is not None:
             self.shared.close()
 
-    def publish_weights(self) -> SharedWeightsHandle | None:
+    def publish_weights(self, version: int = -1) -> SharedWeightsHandle | None:
         """Asynchronous GRPO, shared_memory transport: copy the current weights into this rank's shared
         snapshot (made on first use) and return its handle (rank 0; other ranks None). Generation
         workers load the snapshot, never the weights that training updates in place."""
@@ -153,7 +164,7 @@ class ActorPolicy(Sampling, Policy):
         if self.snapshot is None:
             self.snapshot = SharedSnapshot(self.model)
             atexit.register(self.snapshot.close)
-        self.snapshot.write(self.model)
+        self.snapshot.write(self.model, version)
         return self.snapshot.handle
 
     def unlink_snapshot(self) -> None:
@@ -288,7 +299,8 @@ class GenerationWorker(Sampling):
         self.cfg = cfg
         self.device = pick_device(gpus)
         self.engine = None
-        self.shared_views: list[tuple[str, torch.Tensor]] | None = None
+        self.shared: SnapshotReader | None = None  # the policy's shared weights, mapped
+        self.weights_version: int | None = None  # the snapshot version loaded (shared snapshots only)
         self.refit_group: RefitGroup | None = None
         self.refit_layout: list[BucketLayout] = []
         if generation is not None and generation.backend == "vllm":
@@ -329,15 +341,36 @@ class GenerationWorker(Sampling):
 
     def load_shared(self, handle: SharedWeightsHandle) -> int:
         """Load the policy's current weights from its shared-memory buffers (mapped on first use)."""
-        if self.shared_views is None:
-            self.shared_views = map_shared(handle)
-        if self.engine is not None:
-            return self.engine.load_weights(self.shared_views)
+        if self.shared is None:
+            self.shared = SnapshotReader(handle)
+        with self.shared.reading():
+            self.weights_version = self.shared.published_version()
+            if self.engine is not None:
+                return self.engine.load_weights(self.shared.views)
+            self._copy_shared()
+        return len(self.shared.views)
+
+    @torch.no_grad()
+    def _copy_shared(self) -> None:
         own = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in self.shared_views:
-                own[name].copy_(tensor)
-        return len(self.shared_views)
+        for name, tensor in self.shared.views:
+            own[name].copy_(tensor)
+
+    def poll_snapshot(self) -> int | None:
+        """Partial rollouts: load the shared snapshot if it holds a newer version than this worker's
+        weights; that version, or None (unchanged)."""
+        with self.shared.reading():
+            version = self.shared.published_version()
+            if version is None or version <= self.weights_version:
+                return None
+            self._copy_shared()
+        self.weights_version = version
+        return version
+
+    def weight_updates(self) -> WeightUpdates:
+        if self.engine is not None or self.shared is None or self.weights_version is None:
+            return super().weight_updates()  # raises: no snapshot with a version to poll
+        return WeightUpdates(self.poll_snapshot, self.weights_version)
 
     def parameters_checksum(self) -> tuple[float, float]:
         if self.engine is not None:

@@ -14,14 +14,16 @@ from typing import Any, Protocol
 import torch
 
 from posttrain.models.fsdp import all_ranks_max, collective_group
-from posttrain.models.sampler import sample
+from posttrain.models.sampler import WeightUpdates, sample
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """`seed`: the seed of one generate call (None: unseeded). Every random stream inside the call (an HF
     sampler batch, a vLLM request) gets its own seed from it, `sampling_seed(seed, seed_stream, index)`;
-    `seed_stream` is the generation worker's index when a call is spread over workers (`generate_on`)."""
+    `seed_stream` is the generation worker's index when a call is spread over workers (`generate_on`).
+    `partial_rollouts`: a generation worker loads newer published weights between decode steps
+    (asynchronous GRPO, `grpo.partial_rollouts`)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -30,6 +32,7 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     seed_stream: int = 0
+    partial_rollouts: bool = False
 
 
 SEED_STREAM_BITS = 12
@@ -75,16 +78,19 @@ def sampling_seed(base: int, stream: int, index: int) -> int:
 @dataclass
 class GenerationOutput:
     """Per sequence: generated token ids (ending with EOS or a stop string unless truncated), their
-    logprobs, and whether generation hit max_new_tokens before finishing."""
+    logprobs, and whether generation hit max_new_tokens before finishing; with partial rollouts,
+    `versions`: the policy version of the weights that sampled each token (else empty)."""
 
     token_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    versions: list[list[int]] = field(default_factory=list)
 
     def extend(self, other: GenerationOutput) -> None:
         self.token_ids += other.token_ids
         self.logprobs += other.logprobs
         self.truncated += other.truncated
+        self.versions += other.versions
 
 
 class Generator(Protocol):
@@ -114,10 +120,13 @@ def hf_generate(
     params: SamplingParams,
     *,
     batch_size: int = 64,
+    updates: WeightUpdates | None = None,
 ) -> GenerationOutput:
     """Sample with `posttrain.models.sampler.sample` (shared prefill per distinct prompt), `batch_size`
     prompts at a time. Under FSDP2 every rank runs as many batches as the rank with the most (the
-    others, a rank without prompts too, on empty batches: `sample` then joins the forwards only)."""
+    others, a rank without prompts too, on empty batches: `sample` then joins the forwards only).
+    `updates` (partial rollouts): newer weights are loaded before each batch and between decode
+    steps, and `versions` records the version that sampled each token."""
     out = GenerationOutput()
     was_training = model.training
     model.eval()
@@ -129,6 +138,8 @@ def hf_generate(
         device = next(model.parameters()).device
         starts += [len(prompt_ids)] * (all_ranks_max(len(starts), group, device) - len(starts))
     for index, start in enumerate(starts):
+        if updates is not None:
+            updates.version = _newest(updates)
         tokens, logprobs = sample(
             model,
             prompt_ids[start : start + batch_size],
@@ -141,15 +152,24 @@ def hf_generate(
             stop_strings=params.stop_strings,
             tokenizer=tokenizer,
             seed=None if params.seed is None else sampling_seed(params.seed, params.seed_stream, index),
+            updates=updates,
         )
-        for row_tokens, row_logprobs in zip(tokens, logprobs, strict=True):
+        for row, (row_tokens, row_logprobs) in enumerate(zip(tokens, logprobs, strict=True)):
             n = finished_length(row_tokens, eos_ids, params.stop_strings, tokenizer)
             out.truncated.append(n is None)
             n = n or len(row_tokens)
             out.token_ids.append(row_tokens[:n])
             out.logprobs.append(row_logprobs[:n])
+            if updates is not None:
+                out.versions.append(updates.versions[row][:n])
     model.train(was_training)
     return out
+
+
+def _newest(updates: WeightUpdates) -> int:
+    """The version the model holds after loading newer weights, if any were published."""
+    version = updates.poll()
+    return updates.version if version is None else version
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:

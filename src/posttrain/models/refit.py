@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import math
 import os
 import shutil
@@ -170,6 +171,7 @@ class SharedWeightsHandle:
 
     files: list[tuple[str, torch.dtype, int]]  # (path, dtype, numel) per buffer
     entries: list[list[tuple[str, tuple[int, ...], int]]]  # per buffer: (name, shape, offset)
+    version_path: str | None = None  # a `SharedSnapshot`'s version word and lock file
 
 
 def require_shm_space(directory: str, nbytes: int) -> None:
@@ -254,13 +256,22 @@ class SharedSnapshot:
                 offset += param.numel()
             files.append((path, dtype, numel))
             entries.append(table)
-        self.handle = SharedWeightsHandle(files, entries)
+        # the version word: which policy version the buffers hold (-1: none yet); its file is also the
+        # lock that `write` holds exclusively and readers shared (partial rollouts read mid-generation)
+        version_path = f"{directory}/posttrain-snapshot-{os.getpid()}-{uuid.uuid4().hex[:8]}-version"
+        self.version = torch.from_file(version_path, shared=True, size=1, dtype=torch.int64)
+        self.version.fill_(-1)
+        self.paths.append(version_path)
+        self.lock_fd = os.open(version_path, os.O_RDWR)
+        self.handle = SharedWeightsHandle(files, entries, version_path)
 
     @torch.no_grad()
-    def write(self, model: torch.nn.Module) -> None:
-        """Copy the model's current parameters into the buffers."""
-        for name, param in model.named_parameters():
-            self.views[name].copy_(param.detach())
+    def write(self, model: torch.nn.Module, version: int = -1) -> None:
+        """Copy the model's current parameters into the buffers, as policy version `version`."""
+        with file_lock(self.lock_fd, exclusive=True):
+            for name, param in model.named_parameters():
+                self.views[name].copy_(param.detach())
+            self.version[0] = version
 
     def close(self) -> None:
         """Remove the files' names (mappings, the writer's and the readers', stay valid)."""
@@ -268,6 +279,40 @@ class SharedSnapshot:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self.paths = []
+
+
+@contextlib.contextmanager
+def file_lock(fd: int, *, exclusive: bool) -> Iterator[None]:
+    """flock(2) on `fd`: exclusive for the writer, shared for readers; between processes and between
+    two descriptors of one process alike."""
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+class SnapshotReader:
+    """A generation worker's mapping of the policy's shared weights (a `SharedFlatWeights`, or a
+    `SharedSnapshot` with its version word and lock). Map it before the writer removes the names."""
+
+    def __init__(self, handle: SharedWeightsHandle) -> None:
+        self.views = map_shared(handle)
+        self.version: torch.Tensor | None = None
+        self.lock_fd: int | None = None
+        if handle.version_path is not None:
+            self.version = torch.from_file(handle.version_path, shared=True, size=1, dtype=torch.int64)
+            self.lock_fd = os.open(handle.version_path, os.O_RDWR)
+
+    def published_version(self) -> int | None:
+        """The version the snapshot holds (-1: none written yet); None without a version word."""
+        return None if self.version is None else int(self.version[0])
+
+    def reading(self) -> contextlib.AbstractContextManager:
+        """Hold while reading the buffers: no `SharedSnapshot.write` runs meanwhile."""
+        if self.lock_fd is None:
+            return contextlib.nullcontext()
+        return file_lock(self.lock_fd, exclusive=False)
 
 
 def map_shared(handle: SharedWeightsHandle) -> list[tuple[str, torch.Tensor]]:

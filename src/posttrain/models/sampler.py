@@ -13,6 +13,11 @@ A row finishes at an EOS token or when the decoded text contains a stop string. 
 from a `torch.Generator` seeded with `SamplingParams.seed`, so a seeded call is reproducible and
 leaves the global RNG alone.
 
+Partial rollouts (`WeightUpdates`, asynchronous GRPO): between decode steps the loop asks whether
+newer weights were published; if so they are loaded into the model, the KV cache of every row is
+computed again with them (prompt and tokens so far), and decoding goes on. A token's logprob is
+that of the weights that sampled it, and `WeightUpdates.versions` records their version per token.
+
 A model sharded with FSDP2 runs every forward as a collective of all its ranks, so no rank may stop
 while another still decodes: each step the ranks all-reduce whether any of them still has an
 unfinished row, and a rank whose rows are all done (or that got no prompts) keeps calling the model
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -125,6 +131,35 @@ def preallocated_cache(config: Any, capacity: int) -> DynamicCache:
     return cache
 
 
+@dataclass
+class WeightUpdates:
+    """In-flight weight updates of one `sample` call (partial rollouts).
+
+    `poll()` loads newer weights into the model when there are any and returns their version (None:
+    unchanged); `sample` calls it between decode steps, never inside a forward. `version`: the version
+    of the weights the model holds (updated by `sample`); `versions`: filled by `sample`, per output
+    row the version of the weights that sampled each token."""
+
+    poll: Callable[[], int | None]
+    version: int
+    versions: list[list[int]] = field(default_factory=list)
+
+
+def prefill(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, capacity: int) -> tuple[Any, Any]:
+    """Run left-padded `ids` through the model into a new KV cache of `capacity` positions;
+    (model output with the last position's logits, cache)."""
+    cache = preallocated_cache(model.config, capacity)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out, cache
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     length = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
@@ -170,15 +205,19 @@ def sample(
     stop_strings: tuple[str, ...] = (),
     tokenizer: Any = None,
     seed: int | None = None,
+    updates: WeightUpdates | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sampled token ids and their logprobs per prompt, each ending at EOS or a stop string, or at
-    max_new_tokens (the caller tells the two apart).
+    max_new_tokens (the caller tells the two apart). With `updates`, newer weights are loaded
+    between decode steps and `updates.versions` tells which version sampled each token.
 
     Under FSDP2 (`collective_group`) every rank must call this the same number of times, with
     `max_new_tokens` the same everywhere; `prompt_ids` may be empty."""
     if stop_strings and tokenizer is None:
         raise ValueError("stop strings need the tokenizer to decode the generated text")
     group = collective_group(model)
+    if updates is not None and group is not None:
+        raise ValueError("partial rollouts (weights updated mid-generation) need an unsharded model")
     n = len(prompt_ids)
     if n == 0 and group is None:
         return [], []
@@ -193,23 +232,19 @@ def sample(
     source = [distinct.setdefault(tuple(p), len(distinct)) for p in rows_in]
     ids, mask = left_pad([list(p) for p in distinct], pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    cache = preallocated_cache(model.config, ids.shape[1] + max_new_tokens)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    capacity = ids.shape[1] + max_new_tokens
+    out, cache = prefill(model, ids, mask, capacity)
     rows = torch.tensor(source, device=device)
     cache.reorder_cache(rows)
     logits = out.logits[:, -1][rows]
     mask = mask[rows]
     positions = mask.sum(-1)
+    seq_ids = ids[rows] if updates is not None else None  # every row's tokens in the cache (a re-prefill)
 
     tokens: list[list[int]] = [[] for _ in range(n)]
     logprobs: list[list[float]] = [[] for _ in range(n)]
+    if updates is not None:
+        updates.versions = [[] for _ in range(n)]
     active = list(range(len(rows_in)))  # batch row -> output row
     finished = [False] * len(active)  # by batch row
     idle = n == 0  # every row of this rank is done; under FSDP2 it may still have to join forwards
@@ -225,6 +260,8 @@ def sample(
                 row = active[b]
                 tokens[row].append(token)
                 logprobs[row].append(logprob)
+                if updates is not None:
+                    updates.versions[row].append(updates.version)
                 finished[b] = token in eos_ids or bool(
                     stop_strings and _hits_stop_string(tokens[row], stop_strings, tokenizer)
                 )
@@ -248,6 +285,11 @@ def sample(
             next_tokens, mask, positions = next_tokens[index], mask[index], positions[index]
             active = [active[b] for b in keep]
             finished = [finished[b] for b in keep]
+            if seq_ids is not None:
+                seq_ids = seq_ids[index]
+        if updates is not None:
+            cache = _take_new_weights(model, updates, seq_ids, mask, capacity, cache)
+            seq_ids = torch.cat([seq_ids, next_tokens[:, None]], dim=-1)
         mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=-1)
         out = model(
             input_ids=next_tokens[:, None],
@@ -259,3 +301,20 @@ def sample(
         logits = out.logits[:, -1]
         positions = positions + 1
     return tokens, logprobs
+
+
+def _take_new_weights(
+    model: torch.nn.Module,
+    updates: WeightUpdates,
+    seq_ids: torch.Tensor,
+    mask: torch.Tensor,
+    capacity: int,
+    cache: DynamicCache,
+) -> DynamicCache:
+    """Between two decode steps: if `updates.poll()` loaded newer weights, the KV cache of the tokens so
+    far (`seq_ids`, left-padded by `mask`) computed again with them; else `cache` as it is."""
+    version = updates.poll()
+    if version is None:
+        return cache
+    updates.version = version
+    return prefill(model, seq_ids, mask, capacity)[1]

@@ -53,7 +53,10 @@ class Trajectory:
     stop_reason: "done" (the environment ended it), "max_turns", or "truncated" (max_new_tokens
         or max_seq_len reached).
     policy_version: the version of the policy weights that generated it (the number of policy updates
-        before them); None when unknown (then it is never treated as exactly on-policy).
+        before them); None when unknown (then it is never treated as exactly on-policy). With partial
+        rollouts, the oldest version that sampled any of its tokens.
+    token_versions: partial rollouts: the version of the weights that sampled each generated token
+        (in order of the loss_mask-1 positions); empty otherwise.
     """
 
     input_ids: list[int]
@@ -75,6 +78,7 @@ class Trajectory:
     response_prefix: str = ""
     prefix_ids: list[int] = field(default_factory=list)
     policy_version: int | None = None
+    token_versions: list[int] = field(default_factory=list)
 
     @property
     def response_length(self) -> int:
@@ -201,9 +205,10 @@ def new_trajectories(
 
 def generate_turn(
     generator: Generates, active: list[Trajectory], params: SamplingParams, batch_size: int
-) -> list[tuple[list[int], list[float], bool]]:
-    """One turn's (token ids, logprobs, truncated) per active trajectory, in order. Trajectories
-    with their own stop strings are generated apart from the others (one call per set)."""
+) -> list[tuple[list[int], list[float], bool, list[int]]]:
+    """One turn's (token ids, logprobs, truncated, versions per token: partial rollouts, else [])
+    per active trajectory, in order. Trajectories with their own stop strings are generated apart
+    from the others (one call per set)."""
     by_stops: dict[tuple[str, ...], list[int]] = {}
     for i, t in enumerate(active):
         by_stops.setdefault(t.stop_strings, []).append(i)
@@ -215,18 +220,28 @@ def generate_turn(
             else SamplingParams(**{**params.__dict__, "stop_strings": params.stop_strings + stops})
         )
         out = generator.generate([active[i].input_ids for i in indices], p, batch_size)
-        for i, ids, lps, truncated in zip(indices, out.token_ids, out.logprobs, out.truncated, strict=True):
-            results[i] = (ids, lps, truncated)
+        versions = out.versions or [[] for _ in indices]
+        rows = zip(indices, out.token_ids, out.logprobs, out.truncated, versions, strict=True)
+        for i, ids, lps, truncated, row_versions in rows:
+            results[i] = (ids, lps, truncated, row_versions)
     return results
 
 
 def append_generated(
-    t: Trajectory, ids: list[int], lps: list[float], truncated: bool, max_seq_len: int
+    t: Trajectory,
+    ids: list[int],
+    lps: list[float],
+    truncated: bool,
+    max_seq_len: int,
+    versions: list[int] | None = None,
 ) -> list[int]:
-    """Add one turn's generated tokens (cut at max_seq_len) and the assistant message; returns the ids kept."""
+    """Add one turn's generated tokens (cut at max_seq_len; `versions`: of the weights that sampled
+    each, partial rollouts) and the assistant message; returns the ids kept."""
     room = max_seq_len - len(t.input_ids)
     t.truncated = truncated or len(ids) > room
     ids, lps = ids[:room], lps[:room]
+    if versions:
+        t.token_versions += versions[:room]
     t.turn_spans.append((len(t.input_ids), len(t.input_ids) + len(ids)))
     t.input_ids += ids
     t.loss_mask += [1] * len(ids)
@@ -258,11 +273,17 @@ class EpisodeLimits:
 
 
 def record_turn(
-    t: Trajectory, ids: list[int], lps: list[float], truncated: bool, tokenizer: Any, max_seq_len: int
+    t: Trajectory,
+    ids: list[int],
+    lps: list[float],
+    truncated: bool,
+    tokenizer: Any,
+    max_seq_len: int,
+    versions: list[int] | None = None,
 ) -> list[int]:
     """Append a generated turn (tokens as generated, cut at max_seq_len) and its assistant message;
     returns the token ids kept."""
-    ids = append_generated(t, ids, lps, truncated, max_seq_len)
+    ids = append_generated(t, ids, lps, truncated, max_seq_len, versions)
     text = t.response_prefix + tokenizer.decode(ids, skip_special_tokens=True)
     t.messages.append({"role": "assistant", "content": text})
     return ids
@@ -383,8 +404,8 @@ def turn_by_turn(
         with timer("generation"):
             generated = generate_turn(generator, active, turn_params, batch_size)
         turn_ids = [
-            record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len)
-            for t, (ids, lps, truncated) in zip(active, generated, strict=True)
+            record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len, versions)
+            for t, (ids, lps, truncated, versions) in zip(active, generated, strict=True)
         ]
         with timer("rewards"):
             result = environment.step([t.messages for t in active], [t.metadata for t in active])

@@ -15,6 +15,7 @@ and the behaviour-vs-π_old importance weight (`loss.importance_correction`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,12 +55,16 @@ def behaviour_ratio_metrics(batch: RLBatch, low: float, high: float) -> dict[str
 def group_rollouts(
     rollouts: Rollouts, version: int, batch_index: int, metrics: dict[str, float]
 ) -> list[RolloutGroup]:
-    """A batch's trajectories as groups (by group id, in order), each stamped with `version`."""
+    """A batch's trajectories as groups (by group id, in order). Each trajectory is stamped with
+    `version`, or with partial rollouts the oldest version that sampled one of its tokens; each group
+    with its oldest trajectory's version (what its age is measured from)."""
     groups: dict[int, list] = {}
     for t in rollouts.trajectories:
-        t.policy_version = version
+        t.policy_version = min(t.token_versions) if t.token_versions else version
         groups.setdefault(t.group_id, []).append(t)
-    return [RolloutGroup(ts, version, batch_index, metrics) for ts in groups.values()]
+    return [
+        RolloutGroup(ts, min(t.policy_version for t in ts), batch_index, metrics) for ts in groups.values()
+    ]
 
 
 def age_metrics(groups: list[RolloutGroup], version: int, max_age: int) -> dict[str, float]:
@@ -106,7 +111,7 @@ class AsyncRollouts:
 
         def write() -> None:
             if trainer.generator.transport == "shared_memory":
-                self.snapshot = trainer.policy.publish_weights()
+                self.snapshot = trainer.policy.publish_weights(version)
             else:
                 self.snapshot = trainer.policy.packed_weights(trainer.generator.wire_dtype)
 
@@ -129,10 +134,11 @@ class AsyncRollouts:
         g = trainer.cfg.grpo
         problems = [trainer.train_problems[i] for i in trainer.sampler.next_batch()]
         seed = g.seed * 1_000_003 + batch_index * 101 + 1
+        params = trainer.sampling_params(validation=False, seed=seed)
+        if g.partial_rollouts:  # the workers load newer snapshots between decode steps
+            params = dataclasses.replace(params, partial_rollouts=True)
         timer = Timer()
-        rollouts = trainer.rollouts(
-            problems, g.generations_per_prompt, trainer.sampling_params(validation=False, seed=seed), timer
-        )
+        rollouts = trainer.rollouts(problems, g.generations_per_prompt, params, timer)
         return group_rollouts(rollouts, version, batch_index, {**rollouts.env_metrics, **timer.pop()})
 
     def next_rollouts(self, step: int) -> tuple[Rollouts, dict[str, float]]:
