@@ -1271,6 +1271,11 @@ class DistillConfig(Strict):
     checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
     logging: LoggingConfig = LoggingConfig()
 
+    @property
+    def grpo(self) -> DistillTrainerConfig:
+        """The loop settings under the name the shared RL phases (GRPOTrainer's) read."""
+        return self.distill
+
     @model_validator(mode="after")
     def _placements_fit_cluster(self) -> DistillConfig:
         if self.generation.placement == "split":

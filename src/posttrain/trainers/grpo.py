@@ -272,6 +272,8 @@ class GRPOTrainer:
 
     algorithm = "GRPO"
     """The name in the run's log lines."""
+    run_kind = "grpo"
+    """The run directory's default name, runs/<run_kind>."""
     plots = PLOTS
     """The metrics plotted into <run_dir>/plots at the end."""
     policy_group_cls: type[ActorGroup] = ActorGroup
@@ -285,9 +287,25 @@ class GRPOTrainer:
         """The policy's optimizer steps over the run: the length of its learning-rate schedule."""
         return self.cfg.grpo.max_steps * self.cfg.grpo.updates_per_batch
 
+    def needs_reference(self) -> bool:
+        """Whether the policy workers load π_ref (a KL penalty)."""
+        return self.cfg.loss.kl_beta > 0
+
+    def make_loss_knobs(self) -> dict[str, Any]:
+        """Keyword arguments of the loss function (`train_on`)."""
+        return loss_knobs(self.cfg.loss)
+
+    def async_mode(self) -> bool:
+        """Whether generation runs ahead of training (`grpo.async_mode`)."""
+        return self.cfg.grpo.async_mode
+
+    def run_description(self) -> str:
+        """More of the run's first log line (GRPO: nothing)."""
+        return ""
+
     def __init__(self, cfg: GRPOConfig) -> None:
         self.cfg = cfg
-        self.run_dir = prepare_run_dir(cfg.logging.run_dir, "grpo", cfg)
+        self.run_dir = prepare_run_dir(cfg.logging.run_dir, self.run_kind, cfg)
         seed_everything(cfg.grpo.seed)
         from posttrain.models.hub import resolve_model
 
@@ -321,7 +339,7 @@ class GRPOTrainer:
             model_path=self.model_path,
             total_steps=self.policy_optimizer_steps(),
             tokenizer_path=tokenizer_path,
-            reference=cfg.loss.kl_beta > 0,
+            reference=self.needs_reference(),
             generation=None if cfg.generation.placement == "split" else cfg.generation,
             # generation workers map the policy's weights, which then live in shared memory
             shared_weights=transport == "shared_memory",
@@ -354,7 +372,7 @@ class GRPOTrainer:
             num_workers=cfg.environment.num_workers,
             backend=cfg.cluster.backend,
         )
-        self.loss_fn_knobs = loss_knobs(cfg.loss)
+        self.loss_fn_knobs = self.make_loss_knobs()
         self.timer = Timer()
         # continuous multi-turn episodes need posttrain's HF sampler on whole (unsharded) models
         self.turn_barrier = (
@@ -366,7 +384,7 @@ class GRPOTrainer:
         starts = start_episodes(self.environment, probe_tasks, list(range(len(probe_tasks))))
         self.probe_prompts = [prompt_ids_of(self.tokenizer, s) for s in starts]
         self.policy_version = 0  # policy updates so far; every trajectory records the one it was sampled with
-        self.async_rollouts = AsyncRollouts(self) if cfg.grpo.async_mode else None
+        self.async_rollouts = AsyncRollouts(self) if self.async_mode() else None
 
     def teacher_setup(self) -> tuple[str | None, int | None, dict[str, Any] | None]:
         """on_policy_distill: (teacher folder, vocabulary cut, the teacher's worker arguments when the
@@ -717,7 +735,8 @@ class GRPOTrainer:
             f"{self.algorithm}: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
             f"{cfg.grpo.prompts_per_step} prompts x {cfg.grpo.generations_per_prompt} generations per step; "
             f"{self.total_steps} steps; generation {cfg.generation.backend} ({placement}); "
-            f"run dir {self.run_dir}" + (f"; resumed from {resume_from}" if resume_from else "")
+            f"{self.run_description()}run dir {self.run_dir}"
+            + (f"; resumed from {resume_from}" if resume_from else "")
         )
 
         def log(step: int, metrics: dict[str, float]) -> None:
