@@ -193,6 +193,26 @@ def test_episodes_finish_out_of_order(generator, tokenizer, barrier):
         assert env.calls[-1] == [("slow", 1)]
 
 
+def test_an_environment_error_leaves_no_request_in_the_engine(generator, tokenizer):
+    """The error reaches the caller (as on the other paths) and the episodes' requests still queued or
+    decoding are aborted, so the engine serves the next call as if nothing happened."""
+
+    class Fails(Race):
+        def step(self, message_logs, metadata):
+            raise RuntimeError("the environment broke")
+
+    tasks = [
+        {"name": "slow", "turns": 2, "stops": ()},
+        {"name": "fast", "turns": 2, "stops": tuple("aeiou ")},
+    ]
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    with pytest.raises(RuntimeError, match="the environment broke"):
+        _rollouts(generator, tokenizer, Fails(), tasks, params, barrier=False, g=1)
+    assert not generator.engine.has_unfinished()  # "slow" was still decoding when "fast" was stepped
+    out = generator.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_new_tokens=4), 1)
+    assert len(out.token_ids) == 1 and len(out.token_ids[0]) >= 1
+
+
 def test_grpo_multi_turn_on_vllm_without_turn_barrier(tmp_path, tokenizer, monkeypatch):
     """GRPO (colocated vLLM, local backend) on the sliding puzzle with no turn barrier: episodes run
     on the engine request by request, several turns each, and the policy's logprobs of the tokens

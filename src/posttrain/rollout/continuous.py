@@ -105,18 +105,12 @@ def _join(
     """Episodes `keys` join the decode: new ones prefill their prompt, continuing ones run only what
     came after their kept cache (their last sampled token and the observation)."""
 
-    def budget(t: Trajectory) -> int:
-        return turn_budget(t, params, limits)
-
-    def stops(t: Trajectory) -> tuple[str, ...]:
-        return turn_stops(t, params)
-
     new = [k for k in keys if k not in kept]
     decoder.add(
         new,
         [trajectories[k].input_ids for k in new],
-        [budget(trajectories[k]) for k in new],
-        [stops(trajectories[k]) for k in new],
+        [turn_budget(trajectories[k], params, limits) for k in new],
+        [turn_stops(trajectories[k], params) for k in new],
     )
     going_on = [k for k in keys if k in kept]
     caches = [kept.pop(k) for k in going_on]
@@ -124,8 +118,8 @@ def _join(
         going_on,
         caches,
         [trajectories[k].input_ids[c[0][0].shape[1] :] for k, c in zip(going_on, caches, strict=True)],
-        [budget(trajectories[k]) for k in going_on],
-        [stops(trajectories[k]) for k in going_on],
+        [turn_budget(trajectories[k], params, limits) for k in going_on],
+        [turn_stops(trajectories[k], params) for k in going_on],
     )
 
 
