@@ -489,9 +489,11 @@ class EnvironmentConfig(Strict):
     turn_barrier: bool = Field(
         False,
         description="Multi-turn episodes: false: each episode's next turn starts as soon as its "
-        "observation is ready, in a continuously batched decode (HF backend); true: the turn-by-turn "
-        "loop (every episode generates, then every one is stepped). vLLM and an FSDP2-sharded "
-        "colocated policy always use the turn-by-turn loop.",
+        "observation is ready, while the other episodes keep decoding (HF backend: a continuously "
+        "batched decode; vLLM: one engine request per turn, submitted when the environment has "
+        "stepped the episode); true: the turn-by-turn loop (every episode generates, then every one "
+        "is stepped). An FSDP2-sharded colocated policy with the HF backend always uses the "
+        "turn-by-turn loop.",
     )
 
 

@@ -80,10 +80,11 @@ class Sampling:
         )
 
     def run_with_model(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(model, tokenizer, *args)` with this worker's HF model under the generation compute
-        context: code that needs the model itself where it lives (continuous multi-turn rollouts)."""
+        """`fn(sampler, tokenizer, *args)` where the sampler lives: code that needs it itself (multi-turn
+        episodes without a turn barrier). The sampler is this worker's vLLM engine, or else its HF model
+        (called under the generation compute context)."""
         if self.engine is not None:
-            raise ValueError("this worker generates with vLLM; continuous episodes need the HF backend")
+            return fn(self.engine, self.tokenizer, *args)
         with self.generation_autocast():
             return fn(self.model, self.tokenizer, *args)
 
@@ -132,14 +133,6 @@ class ActorPolicy(Sampling, Policy):
         self.snapshot: SharedSnapshot | None = None
         self._refit_store: Any = None
         self._refit_layouts: dict[torch.dtype | None, list[BucketLayout]] = {}
-
-    def run_with_model(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(model, tokenizer, *args)` with this worker's HF model under the generation compute
-        context: code that needs the model itself where it lives (continuous multi-turn rollouts)."""
-        if self.engine is not None:
-            raise ValueError("this worker generates with vLLM; continuous episodes need the HF backend")
-        with self.generation_autocast():
-            return fn(self.model, self.tokenizer, *args)
 
     def generation_autocast(self) -> contextlib.AbstractContextManager:
         """Colocated HF generation computes like training: autocast to `policy.dtype` over the fp32
@@ -309,7 +302,7 @@ class GenerationWorker(Sampling):
             )
         else:
             self.model = load_causal_lm(model_path, DTYPES[cfg.dtype]).to(self.device).eval()
-            self.tokenizer = load_tokenizer(tokenizer_path)
+        self.tokenizer = load_tokenizer(tokenizer_path)  # observations' tokens (episodes without a barrier)
 
     def load_weights(self, buckets: list) -> int:
         """Load packed buckets (or Ray refs to them) into this worker's model or engine."""

@@ -258,43 +258,79 @@ class VLLMGenerator:
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_ids = _eos_ids(self.llm, self.tokenizer)
         self.sleeping = False
+        self.requests = 0  # requests submitted one by one (`submit`), for their ids
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
-        greedy = params.temperature == 0
-        sampling = [
-            VLLMSamplingParams(
-                n=1,
-                temperature=params.temperature,
-                top_p=1.0 if greedy else params.top_p,
-                top_k=0 if greedy or params.top_k is None else params.top_k,
-                max_tokens=params.max_new_tokens,
-                stop=list(params.stop_strings) or None,
-                stop_token_ids=sorted(self.eos_ids),
-                include_stop_str_in_output=True,
-                seed=None
-                if params.seed is None or greedy
-                else sampling_seed(params.seed, params.seed_stream, i),
-                logprobs=0,
-            )
-            for i in range(len(prompt_ids))
-        ]
+        sampling = [self.request_params(params, _request_seed(params, i)) for i in range(len(prompt_ids))]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         results = self.llm.generate(prompts, sampling, use_tqdm=False)
         out = GenerationOutput()
         for result in results:
-            completion = result.outputs[0]
-            tokens = list(completion.token_ids)
-            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)]
-            n = finished_length(tokens, self.eos_ids, params.stop_strings, self.tokenizer)
-            out.truncated.append(n is None)
-            n = n or len(tokens)
-            out.token_ids.append(tokens[:n])
-            out.logprobs.append(logprobs[:n])
+            tokens, logprobs, truncated = self.completion(result, params.stop_strings)
+            out.token_ids.append(tokens)
+            out.logprobs.append(logprobs)
+            out.truncated.append(truncated)
         return out
+
+    def request_params(self, params: SamplingParams, seed: int | None) -> Any:
+        """vLLM's sampling parameters for one request (greedy: never seeded, no truncation)."""
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        greedy = params.temperature == 0
+        return VLLMSamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy or params.top_k is None else params.top_k,
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop_strings) or None,
+            stop_token_ids=sorted(self.eos_ids),
+            include_stop_str_in_output=True,
+            seed=None if greedy else seed,
+            logprobs=0,
+        )
+
+    def completion(self, result: Any, stop_strings: tuple[str, ...]) -> tuple[list[int], list[float], bool]:
+        """(token ids, their logprobs, truncated) of a finished request, exactly as vLLM sampled them, up
+        to and including the first EOS or the token that completes a stop string."""
+        completion = result.outputs[0]
+        tokens = list(completion.token_ids)
+        logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)]
+        n = finished_length(tokens, self.eos_ids, stop_strings, self.tokenizer)
+        return tokens[: n or len(tokens)], logprobs[: n or len(tokens)], n is None
+
+    # ------------------------------------------------------------------ request by request (episodes)
+    def submit(self, prompt_ids: list[int], params: SamplingParams, seed: int | None) -> str:
+        """Queue one request on vLLM's engine (`LLMEngine.add_request`); it decodes during the next
+        `step`s alongside the others. Returns its id (what `step` reports it under)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        self.wake_up()
+        engine = self.llm.llm_engine
+        [prompt] = engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=list(prompt_ids))])
+        sampling = self.request_params(params, seed)
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it finishes
+        self.requests += 1
+        request_id = f"posttrain-{self.requests}"
+        engine.add_request(request_id, prompt, sampling)  # returns vLLM's internal id; outputs carry ours
+        return request_id
+
+    def step(self) -> list[tuple[str, Any]]:
+        """One engine step (a decode step of every running request, prefills of queued ones); returns
+        the (request id, vLLM RequestOutput) of the requests that finished in it."""
+        return [(out.request_id, out) for out in self.llm.llm_engine.step() if out.finished]
+
+    def has_unfinished(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop queued or running requests (an episode loop that stops early leaves none behind)."""
+        if request_ids:
+            self.llm.llm_engine.abort_request(request_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy HF-named tensors into the engine and drop KV blocks cached under the old weights."""
@@ -316,6 +352,10 @@ class VLLMGenerator:
         if self.sleeping:
             self.llm.wake_up()
             self.sleeping = False
+
+
+def _request_seed(params: SamplingParams, index: int) -> int | None:
+    return None if params.seed is None else sampling_seed(params.seed, params.seed_stream, index)
 
 
 def _eos_ids(llm: Any, tokenizer: Any) -> set[int]:

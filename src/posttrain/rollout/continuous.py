@@ -14,20 +14,26 @@ for every environment step before the next turn, here a short reply's episode is
 decoding again while long replies are still being written. The sequences, masks, rewards and
 bookkeeping are the same functions as the turn-by-turn loop's (`record_turn`, `apply_step`).
 
+With vLLM (`engine_episode_loop`) the engine does the continuous batching: every episode's turn is
+one request (`LLMEngine.add_request`), the loop runs the engine step by step, and an episode whose
+request finished is stepped by its environment and submits its next turn at once, while the other
+requests stay in the engine's running batch. Each turn keeps the token ids and logprobs vLLM sampled.
+
 The loop runs where the model is: in each generation (or colocated policy) worker, on that worker's
 share of the episodes (whole groups), calling the environment itself (`run_with_model`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from posttrain.environments.interface import EnvStepResult
 from posttrain.models.continuous import ContinuousDecoder
-from posttrain.models.generation import SamplingParams, _eos_ids
-from posttrain.rollout.rollout import EpisodeLimits, Trajectory, apply_step, record_turn
+from posttrain.models.generation import SamplingParams, _eos_ids, sampling_seed
+from posttrain.rollout.rollout import EpisodeLimits, Trajectory, apply_step, record_turn, turn_seed
 
 
 def episode_loop(
@@ -72,7 +78,15 @@ def episode_loop(
             _join(decoder, trajectories, joining, kept, params, limits)
             ended = decoder.step()
             if ended:
-                going_on = _step_ended(ended, trajectories, environment, tokenizer, limits, results)
+                going_on = _step_ended(
+                    [row.key for row in ended],
+                    [(row.tokens, row.logprobs, row.finished_by == "length") for row in ended],
+                    trajectories,
+                    environment,
+                    tokenizer,
+                    limits,
+                    results,
+                )
                 kept.update({row.key: row.cache for row in ended if row.key in going_on})
                 queue += going_on
     finally:
@@ -91,18 +105,12 @@ def _join(
     """Episodes `keys` join the decode: new ones prefill their prompt, continuing ones run only what
     came after their kept cache (their last sampled token and the observation)."""
 
-    def budget(t: Trajectory) -> int:
-        return min(params.max_new_tokens, limits.max_seq_len - len(t.input_ids))
-
-    def stops(t: Trajectory) -> tuple[str, ...]:
-        return tuple(params.stop_strings) + t.stop_strings
-
     new = [k for k in keys if k not in kept]
     decoder.add(
         new,
         [trajectories[k].input_ids for k in new],
-        [budget(trajectories[k]) for k in new],
-        [stops(trajectories[k]) for k in new],
+        [turn_budget(trajectories[k], params, limits) for k in new],
+        [turn_stops(trajectories[k], params) for k in new],
     )
     going_on = [k for k in keys if k in kept]
     caches = [kept.pop(k) for k in going_on]
@@ -110,30 +118,120 @@ def _join(
         going_on,
         caches,
         [trajectories[k].input_ids[c[0][0].shape[1] :] for k, c in zip(going_on, caches, strict=True)],
-        [budget(trajectories[k]) for k in going_on],
-        [stops(trajectories[k]) for k in going_on],
+        [turn_budget(trajectories[k], params, limits) for k in going_on],
+        [turn_stops(trajectories[k], params) for k in going_on],
     )
 
 
+def turn_budget(t: Trajectory, params: SamplingParams, limits: EpisodeLimits) -> int:
+    """The most tokens t's next turn may generate: max_new_tokens, or what is left of max_seq_len."""
+    return min(params.max_new_tokens, limits.max_seq_len - len(t.input_ids))
+
+
+def turn_stops(t: Trajectory, params: SamplingParams) -> tuple[str, ...]:
+    """The stop strings of t's next turn: the configured ones and the episode's own."""
+    return tuple(params.stop_strings) + t.stop_strings
+
+
 def _step_ended(
-    ended: list,
+    keys: list[int],
+    turns: list[tuple[list[int], list[float], bool]],
     trajectories: list[Trajectory],
     environment: Any,
     tokenizer: Any,
     limits: EpisodeLimits,
     results: list,
 ) -> list[int]:
-    """Record the ended turns, step their episodes in one environment call; returns the episodes that go on."""
-    episodes = [trajectories[row.key] for row in ended]
+    """Record the ended turns ((token ids, logprobs, truncated) of episodes `keys`), step their episodes
+    in one environment call; returns the episodes that go on."""
+    episodes = [trajectories[k] for k in keys]
     turn_ids = [
-        record_turn(t, row.tokens, row.logprobs, row.finished_by == "length", tokenizer, limits.max_seq_len)
-        for t, row in zip(episodes, ended, strict=True)
+        record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len)
+        for t, (ids, lps, truncated) in zip(episodes, turns, strict=True)
     ]
     result = environment.step([t.messages for t in episodes], [t.metadata for t in episodes])
     results.append(result)
     for j, t in enumerate(episodes):
         apply_step(t, result, j, turn_ids[j], tokenizer, limits)
-    return [row.key for row, t in zip(ended, episodes, strict=True) if not t.done]
+    return [k for k, t in zip(keys, episodes, strict=True) if not t.done]
+
+
+def engine_episode_loop(
+    engine: Any,
+    tokenizer: Any,
+    trajectories: list[Trajectory],
+    environment: Any,
+    params: SamplingParams,
+    limits: EpisodeLimits,
+) -> tuple[list[Trajectory], list[EnvStepResult]]:
+    """Run `trajectories` (fresh episodes, prompts only) to their ends on a vLLM engine
+    (`posttrain.models.vllm_engine.VLLMGenerator`), one request per turn, with no turn barrier.
+
+        submit every episode's first turn
+        while requests are pending:
+            one engine step (every running request decodes a token, queued ones prefill)
+            the requests that finished: record their turns, step their episodes (one environment
+            call), submit the next turn of each episode that goes on
+
+    Turn n of episode k samples with seed `sampling_seed(turn_seed(params.seed, n), params.seed_stream,
+    k)`: its own, whatever the order requests finish in. Returns the trajectories (the same objects, in
+    the same order) and the environment's step results."""
+    pending: dict[str, tuple[int, tuple[str, ...]]] = {}  # request id -> (episode, its stop strings)
+    results: list[EnvStepResult] = []
+
+    def submit(k: int) -> None:
+        t = trajectories[k]
+        stops = turn_stops(t, params)
+        turn = dataclasses.replace(params, max_new_tokens=turn_budget(t, params, limits), stop_strings=stops)
+        seed = (
+            None
+            if params.seed is None
+            else sampling_seed(turn_seed(params.seed, t.num_turns), params.seed_stream, k)
+        )
+        pending[engine.submit(t.input_ids, turn, seed)] = (k, stops)
+
+    try:
+        for k in range(len(trajectories)):
+            submit(k)
+        while pending:
+            if not engine.has_unfinished():
+                raise RuntimeError(f"the vLLM engine finished with {len(pending)} episode turns not reported")
+            finished = [(pending.pop(request_id), out) for request_id, out in engine.step()]
+            if finished:
+                going_on = _step_ended(
+                    [k for (k, _), _ in finished],
+                    [engine.completion(out, stops) for (_, stops), out in finished],
+                    trajectories,
+                    environment,
+                    tokenizer,
+                    limits,
+                    results,
+                )
+                for k in going_on:
+                    submit(k)
+    finally:
+        engine.abort(list(pending))  # an environment error leaves no request behind in the engine
+    return trajectories, results
+
+
+def run_episodes(
+    sampler: Any,
+    tokenizer: Any,
+    trajectories: list[Trajectory],
+    environment: Any,
+    params: SamplingParams,
+    batch_size: int,
+    limits: EpisodeLimits,
+    stream: int,
+) -> tuple[list[Trajectory], list[EnvStepResult]]:
+    """One worker's episodes with no turn barrier: `sampler` is its HF model (`episode_loop`, one
+    sampler seeded with `sampling_seed(params.seed, stream, 0)`) or its vLLM engine
+    (`engine_episode_loop`, a seed per request, worker `stream`)."""
+    if isinstance(sampler, torch.nn.Module):
+        seed = None if params.seed is None else sampling_seed(params.seed, stream, 0)
+        return episode_loop(sampler, tokenizer, trajectories, environment, params, batch_size, limits, seed)
+    params = dataclasses.replace(params, seed_stream=stream)
+    return engine_episode_loop(sampler, tokenizer, trajectories, environment, params, limits)
 
 
 def split_by_group(trajectories: list[Trajectory], n: int) -> list[list[int]]:
@@ -159,23 +257,19 @@ def run_continuous(
     batch_size: int,
     limits: EpisodeLimits,
 ) -> tuple[list[Trajectory], list[EnvStepResult]]:
-    """`episode_loop` on every generation worker of `generator` (its `workers`, each with a share of
-    whole groups and a seed of its own), or on a model held in this process (`generator.model`)."""
-    from posttrain.models.generation import sampling_seed
-
-    def seed(stream: int) -> int | None:
-        return None if params.seed is None else sampling_seed(params.seed, stream, 0)
-
+    """`run_episodes` on every generation worker of `generator` (its `workers`, each with a share of
+    whole groups and a seed stream of its own), or on the model or vLLM engine held in this process
+    (`generator.model` / `generator.engine`)."""
     workers = getattr(generator, "workers", None)
     if workers is None:
-        return episode_loop(
-            generator.model, tokenizer, trajectories, environment, params, batch_size, limits, seed(0)
-        )
+        engine = getattr(generator, "engine", None)
+        sampler = generator.model if engine is None else engine
+        return run_episodes(sampler, tokenizer, trajectories, environment, params, batch_size, limits, 0)
     from posttrain.models.actor import Sampling
 
     pieces = split_by_group(trajectories, len(workers))
     args = [
-        (episode_loop, [trajectories[i] for i in piece], environment, params, batch_size, limits, seed(k))
+        (run_episodes, [trajectories[i] for i in piece], environment, params, batch_size, limits, k)
         for k, piece in enumerate(pieces)
     ]
     done: list[Trajectory] = []

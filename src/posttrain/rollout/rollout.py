@@ -272,6 +272,12 @@ class EpisodeLimits:
     max_observation_tokens: int | None = None
 
 
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed turn `turn` (from 0) of a rollout seeded with `seed` samples with: every turn has one of
+    its own, the first turn's is the rollout's."""
+    return seed + turn * 1_000_003
+
+
 def record_turn(
     t: Trajectory,
     ids: list[int],
@@ -338,8 +344,9 @@ def run_rollouts(
     With `turn_barrier` (and always for one turn) they go turn by turn: every active episode
     generates, then every one is stepped by the environment. Without it each episode's next turn
     starts as soon as its observation is ready, in a continuously batched decode on each worker
-    (`posttrain.rollout.continuous`; posttrain's HF sampler, not vLLM or an FSDP2-sharded policy:
-    the caller keeps the barrier for those). Environment time then counts in `timing/generation`.
+    (`posttrain.rollout.continuous`: posttrain's HF sampler, or a vLLM engine request by request;
+    not an FSDP2-sharded HF policy: the caller keeps the barrier for that). Environment time then
+    counts in `timing/generation`.
     """
     timer = timer or Timer()
     limits = EpisodeLimits(max_turns, max_seq_len, max_observation_tokens)
@@ -395,11 +402,8 @@ def turn_by_turn(
         active = [t for t in trajectories if not t.done]
         if not active:
             break
-        # every turn samples with a seed of its own (the first turn's is the call's seed)
         turn_params = (
-            params
-            if params.seed is None
-            else dataclasses.replace(params, seed=params.seed + turn * 1_000_003)
+            params if params.seed is None else dataclasses.replace(params, seed=turn_seed(params.seed, turn))
         )
         with timer("generation"):
             generated = generate_turn(generator, active, turn_params, batch_size)

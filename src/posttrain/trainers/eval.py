@@ -189,7 +189,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
             max_seq_len=max_seq_len,
             max_observation_tokens=env_cfg.max_observation_tokens,
             timer=timer,
-            turn_barrier=env_cfg.turn_barrier or cfg.generation.backend == "vllm",
+            turn_barrier=env_cfg.turn_barrier,
             progress="evaluation",
         )
     generation_s = timer.pop().get("timing/generation", 0.0)

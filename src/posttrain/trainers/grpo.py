@@ -374,12 +374,10 @@ class GRPOTrainer:
         )
         self.loss_fn_knobs = self.make_loss_knobs()
         self.timer = Timer()
-        # continuous multi-turn episodes need posttrain's HF sampler on whole (unsharded) models
-        self.turn_barrier = (
-            cfg.environment.turn_barrier
-            or cfg.generation.backend == "vllm"
-            or (cfg.policy.fsdp and not self.split)
-        )
+        # episodes without a turn barrier run where the sampler is: a vLLM engine, or an HF model that is
+        # whole on each worker (an FSDP2-sharded colocated policy decodes collectively: turn by turn)
+        sharded_hf = cfg.policy.fsdp and not self.split and cfg.generation.backend != "vllm"
+        self.turn_barrier = cfg.environment.turn_barrier or sharded_hf
         probe_tasks = self.train_problems[: cfg.generation.refit_check.prompts]
         starts = start_episodes(self.environment, probe_tasks, list(range(len(probe_tasks))))
         self.probe_prompts = [prompt_ids_of(self.tokenizer, s) for s in starts]
