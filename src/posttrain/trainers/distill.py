@@ -185,6 +185,7 @@ class DistillTrainer:
             tokenizer_path=tokenizer_path,
             generation=None if self.split else cfg.generation,
             shared_weights=transport == "shared_memory",
+            lora_adapter_refit=cfg.generation.vllm.lora_adapter,
             teacher=teacher_worker_kwargs(cfg.teacher, model_path=teacher_path, vocab_size=cut)
             if colocated_teacher
             else None,
@@ -393,7 +394,9 @@ class DistillTrainer:
         resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpointer)
         step = self.restore(resume_from) if resume_from else 0
         if not resume_from and self.refits:
-            self.check_generator()
+            # same weights on both sides yet: proves the check itself holds; an engine that serves the
+            # LoRA adapter (generation.vllm.lora_adapter) starts without one and gets it here
+            self.refit() if cfg.generation.vllm.lora_adapter else self.check_generator()
             self.timer.pop()
         result = DistillResult(self.run_dir, step, last_checkpoint=resume_from)
         logger = MetricsLogger(
