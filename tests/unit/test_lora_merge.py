@@ -11,6 +11,9 @@ pytest.importorskip("peft")
 from posttrain.config.schema import LoraConfig  # noqa: E402
 from posttrain.models.lora import (  # noqa: E402
     adapted_layers,
+    adapter_fingerprint,
+    adapter_specs,
+    adapter_weights,
     adapters_disabled,
     apply_lora,
     base_name,
@@ -56,6 +59,14 @@ def test_merged_weight_is_w_plus_scale_b_a():
     # alpha 3: the delta scaled by 3
     merged3 = dict(merged_weights(_adapted(alpha=3.0)))
     assert torch.equal(merged3["proj.weight"], torch.tensor([[4.0, 2.0], [9.0, 4.0]], dtype=torch.float64))
+
+
+def test_adapter_refit_sends_a_and_b_under_peft_names_and_fingerprints_a_and_scaled_b():
+    model = _adapted(alpha=3.0)  # A = [1, 0], B = [1, 2]^T, scale 3: s·B = [3, 6]^T
+    sent = dict(adapter_weights(model))
+    assert set(sent) == {"base_model.model.proj.lora_A.weight", "base_model.model.proj.lora_B.weight"}
+    assert [(n, s) for n, s, _ in adapter_specs(model)] == [(n, tuple(t.shape)) for n, t in sent.items()]
+    assert adapter_fingerprint(model) == (1.0 + 0.0 + 3.0 + 6.0, 1.0 + 0.0 + 9.0 + 36.0)
 
 
 def test_the_adapted_model_computes_the_merged_weights_and_the_base_with_adapters_off():

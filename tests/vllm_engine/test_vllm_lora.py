@@ -18,7 +18,10 @@ pytestmark = pytest.mark.vllm
 VLLM_TINY = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)
 
 
-def test_grpo_with_lora_refits_merged_weights_into_vllm(tmp_path, tokenizer):
+@pytest.mark.parametrize("lora_adapter", [False, True], ids=["merged", "served_adapter"])
+def test_grpo_with_lora_refits_merged_weights_into_vllm(tmp_path, tokenizer, lora_adapter):
+    """merged: the engine runs W + s·BA; served_adapter (generation.vllm.lora_adapter): the engine
+    serves A and B as a vLLM LoRA adapter and the checksum compares the adapter's tensors."""
     from conftest import grpo_test_config, make_tiny_model_dir
 
     model_dir = make_tiny_model_dir(tmp_path / "model", tokenizer, initializer_range=0.1, **VLLM_TINY)
@@ -29,6 +32,7 @@ def test_grpo_with_lora_refits_merged_weights_into_vllm(tmp_path, tokenizer):
             "generation.backend": "vllm",
             "generation.refit_check.mode": "checksum",
             "policy.lora.rank": 4,
+            "generation.vllm.lora_adapter": lora_adapter,
             "policy.optimizer.lr": 1e-2,
         },
     )

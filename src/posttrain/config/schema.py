@@ -386,6 +386,12 @@ class VLLMConfig(Strict):
         "then differ more from training's (watch token_mult_prob_error; loss.importance_correction "
         "corrects for it). The checksum refit check compares the policy's weights cast to this dtype.",
     )
+    lora_adapter: bool = Field(
+        False,
+        description="With policy.lora: the engine runs the base weights with vLLM's LoRA support and each "
+        "refit sends only the adapter (A, B), served as a new vLLM LoRA adapter; false: refits send the "
+        "merged weights W + s·BA. The checksum refit check then compares the adapter tensors. See docs/lora.md.",
+    )
 
 
 class RefitCheckConfig(Strict):
@@ -402,6 +408,9 @@ class RefitCheckConfig(Strict):
     new_tokens: int = Field(8, gt=0, description="logprobs mode: tokens sampled per probe prompt.")
     relative_tolerance: float = Field(1e-9, gt=0, description="checksum mode.")
 
+
+VLLM_MAX_LORA_RANK = 512
+"""The largest `max_lora_rank` vLLM accepts."""
 
 RefitTransport = Literal["shared_memory", "object_store", "collective"]
 
@@ -447,6 +456,28 @@ class GenerationConfig(Strict):
         if (cluster.gpus_per_node > 0 or sharded) and cluster.backend == "ray":
             return "collective"
         return "object_store"
+
+    def check_lora_adapter(self, lora: LoraConfig | None) -> None:
+        """Raise ValueError when `vllm.lora_adapter` cannot work: it serves the policy's LoRA adapter
+        with vLLM's LoRA support (ranks up to 512; dropout and init only matter in training)."""
+        if not self.vllm.lora_adapter:
+            return
+        if self.backend != "vllm":
+            raise ValueError(
+                "generation.vllm.lora_adapter=true serves the adapter with vLLM's LoRA support, but "
+                f"generation.backend={self.backend}; set generation.backend=vllm or lora_adapter=false"
+            )
+        if lora is None:
+            raise ValueError(
+                "generation.vllm.lora_adapter=true serves the policy's LoRA adapter, but policy.lora is not "
+                "set; set policy.lora (e.g. policy.lora.rank=16) or generation.vllm.lora_adapter=false"
+            )
+        if lora.rank > VLLM_MAX_LORA_RANK:
+            raise ValueError(
+                f"generation.vllm.lora_adapter=true: vLLM serves LoRA ranks up to {VLLM_MAX_LORA_RANK}, "
+                f"policy.lora.rank={lora.rank}; lower the rank or set generation.vllm.lora_adapter=false "
+                "(merged-weight refits)"
+            )
 
     def check_refit_transport(self, cluster: ClusterConfig, sharded: bool = False) -> None:
         """Raise ValueError when split placement's refit transport cannot work on `cluster`."""
@@ -758,6 +789,7 @@ class GRPOConfig(Strict):
 
     @model_validator(mode="after")
     def _refit_transport_fits_cluster(self) -> GRPOConfig:
+        self.generation.check_lora_adapter(self.policy.lora)
         if self.generation.placement == "split":
             self.generation.check_refit_transport(self.cluster, sharded=self.policy.split_weights)
         return self
@@ -952,6 +984,7 @@ class EvalConfig(Strict):
 
     @model_validator(mode="after")
     def _k_within_n(self) -> EvalConfig:
+        self.generation.check_lora_adapter(None)  # eval serves whole models (a LoRA run is exported merged)
         n = self.sampling.samples_per_prompt
         bad = [k for k in self.sampling.k if not 1 <= k <= n]
         if bad or not self.sampling.k:
@@ -1280,6 +1313,7 @@ class DistillConfig(Strict):
 
     @model_validator(mode="after")
     def _placements_fit_cluster(self) -> DistillConfig:
+        self.generation.check_lora_adapter(self.policy.lora)
         if self.generation.placement == "split":
             self.generation.check_refit_transport(self.cluster, sharded=self.policy.split_weights)
         if self.cluster.backend == "local" and self.teacher.num_workers > 1:
@@ -1435,6 +1469,7 @@ class PPOConfig(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> PPOConfig:
+        self.generation.check_lora_adapter(self.policy.lora)
         if self.generation.placement == "split":
             self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
         if self.ppo.async_mode:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from posttrain.models.policy import (
     MASTER_DTYPE,
     Policy,
     compute_autocast,
+    full_tensor,
     load_causal_lm,
     pick_device,
 )
@@ -105,9 +106,12 @@ class ActorPolicy(Sampling, Policy):
         reference: bool = False,
         generation: GenerationConfig | None = None,
         shared_weights: bool = False,
+        lora_adapter_refit: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(cfg, **kwargs)
+        # generators serve the adapter (generation.vllm.lora_adapter): refits send A and B only
+        self.adapter_refit = bool(self.lora) and lora_adapter_refit
         if shared_weights and self.lora:
             raise ValueError("shared-memory refits cannot serve a LoRA policy (its weights are not merged)")
         self.shared = SharedFlatWeights(self.model) if shared_weights and self.rank == 0 else None
@@ -133,6 +137,30 @@ class ActorPolicy(Sampling, Policy):
         self.snapshot: SharedSnapshot | None = None
         self._refit_store: Any = None
         self._refit_layouts: dict[torch.dtype | None, list[BucketLayout]] = {}
+
+    # ------------------------------------------------------------------ adapter refits (vllm.lora_adapter)
+    def generator_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What refits send: serving the adapter, its A and B tensors (peft names); else the weights."""
+        if self.adapter_refit:
+            from posttrain.models.lora import adapter_weights
+
+            return adapter_weights(self.model, full_tensor)
+        return super().generator_weights()
+
+    def generator_weight_specs(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        if self.adapter_refit:
+            from posttrain.models.lora import adapter_specs
+
+            return adapter_specs(self.model)
+        return super().generator_weight_specs()
+
+    def parameters_checksum(self, dtype: str | None = None) -> tuple[float, float]:
+        """Serving the adapter: the fingerprint of A and s·B that the engine's checksum computes."""
+        if self.adapter_refit:
+            from posttrain.models.lora import adapter_fingerprint
+
+            return adapter_fingerprint(self.model, DTYPES[dtype] if dtype else None, full_tensor)
+        return super().parameters_checksum(dtype)
 
     def generation_autocast(self) -> contextlib.AbstractContextManager:
         """Colocated HF generation computes like training: autocast to `policy.dtype` over the fp32
@@ -413,4 +441,5 @@ def build_vllm_engine(
         seed=policy.seed + rank,
         device=device,
         rank=rank,
+        lora=policy.lora,
     )

@@ -187,6 +187,48 @@ def merged_specs(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], tor
     ]
 
 
+# ------------------------------------------------------------------ adapter refits (vLLM's LoRA support)
+def adapter_weights(
+    model: torch.nn.Module, full: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(peft file name, tensor) of every LoRA factor A and B: what a generator that serves the adapter
+    (`generation.vllm.lora_adapter`) needs at a refit. `full` as in `merged_weights`."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_A." in name or ".lora_B." in name:
+                yield file_name(name), full(param)
+
+
+def adapter_specs(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """(file name, full shape, dtype) of what `adapter_weights` yields, in its order."""
+    return [
+        (file_name(name), tuple(p.shape), p.dtype)
+        for name, p in model.named_parameters()
+        if ".lora_A." in name or ".lora_B." in name
+    ]
+
+
+def adapter_fingerprint(
+    model: torch.nn.Module,
+    dtype: torch.dtype | None = None,
+    full: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> tuple[float, float]:
+    """(Σ, Σ of squares) in float64 over every A and every s·B (B scaled by alpha / r), each first cast
+    to `dtype` and scaled in it: what vLLM holds for a served adapter (it folds the scale into B in the
+    adapter's dtype), so the two agree exactly (`posttrain.models.vllm_lora.served_fingerprint`)."""
+    total, squares = 0.0, 0.0
+    with torch.no_grad():
+        for layer in adapted_layers(model).values():
+            a = full(layer.lora_A[ADAPTER].weight)
+            b = full(layer.lora_B[ADAPTER].weight)
+            a, b = (a, b) if dtype is None else (a.to(dtype), b.to(dtype))
+            for t in (a, b * layer.scaling[ADAPTER]):
+                t = t.double()
+                total += float(t.sum())
+                squares += float((t * t).sum())
+    return total, squares
+
+
 # ------------------------------------------------------------------ adapter folders (checkpoints, export)
 def file_name(name: str) -> str:
     """The name `PeftModel.save_pretrained` gives a trained parameter of the adapted model:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import VLLMConfig
+from posttrain.config.schema import LoraConfig, VLLMConfig
 from posttrain.models.generation import GenerationOutput, SamplingParams, finished_length, sampling_seed
 from posttrain.models.refit import weights_checksum
 
@@ -221,7 +221,10 @@ class VLLMGenerator:
         seed: int,
         device: torch.device,
         rank: int = 0,
+        lora: LoraConfig | None = None,
     ) -> None:
+        """`lora`: the policy's adapters; with `cfg.lora_adapter` the engine serves them as a vLLM LoRA
+        adapter (`posttrain.models.vllm_lora`) and `load_weights` takes the adapter tensors only."""
         if cfg.sleep and device.type != "cuda":
             raise ValueError(
                 "generation.vllm.sleep=true needs a GPU: vLLM's sleep mode releases GPU memory "
@@ -250,6 +253,12 @@ class VLLMGenerator:
             max_num_seqs=cfg.max_num_seqs,
             logprobs_mode="processed_logprobs",
         )
+        self.adapter = None
+        if cfg.lora_adapter and lora is not None:
+            from posttrain.models.vllm_lora import ServedAdapter
+
+            self.adapter = ServedAdapter(lora)
+            kwargs.update(self.adapter.engine_kwargs())
         if device.type == "cuda":
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = cfg.sleep
@@ -266,7 +275,8 @@ class VLLMGenerator:
         self.wake_up()
         sampling = [self.request_params(params, _request_seed(params, i)) for i in range(len(prompt_ids))]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
-        results = self.llm.generate(prompts, sampling, use_tqdm=False)
+        lora_request = None if self.adapter is None else self.adapter.request
+        results = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=lora_request)
         out = GenerationOutput()
         for result in results:
             tokens, logprobs, truncated = self.completion(result, params.stop_strings)
@@ -316,7 +326,9 @@ class VLLMGenerator:
         sampling.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it finishes
         self.requests += 1
         request_id = f"posttrain-{self.requests}"
-        engine.add_request(request_id, prompt, sampling)  # returns vLLM's internal id; outputs carry ours
+        lora_request = None if self.adapter is None else self.adapter.request
+        # add_request returns vLLM's internal id; the outputs carry ours
+        engine.add_request(request_id, prompt, sampling, lora_request=lora_request)
         return request_id
 
     def step(self) -> list[tuple[str, Any]]:
@@ -333,13 +345,21 @@ class VLLMGenerator:
             self.llm.llm_engine.abort_request(request_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy HF-named tensors into the engine and drop KV blocks cached under the old weights."""
+        """Copy HF-named tensors into the engine (serving a LoRA adapter: serve the adapter's tensors as
+        a new adapter) and drop KV blocks cached under the old weights."""
         self.wake_up()
+        if self.adapter is not None:
+            count = self.adapter.load(self.llm, weights)
+            self.llm.reset_prefix_cache()
+            return count
         count = sum(self.llm.collective_rpc(_load_weights, args=(list(weights),)))
         self.llm.reset_prefix_cache()
         return count
 
     def checksum(self) -> tuple[float, float]:
+        """(Σw, Σw²) of the weights; serving a LoRA adapter: of the served adapter's A and s·B."""
+        if self.adapter is not None:
+            return self.adapter.fingerprint(self.llm)
         return self.llm.collective_rpc(_checksum)[0]
 
     def sleep(self) -> None:

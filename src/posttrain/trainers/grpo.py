@@ -343,6 +343,7 @@ class GRPOTrainer:
             generation=None if cfg.generation.placement == "split" else cfg.generation,
             # generation workers map the policy's weights, which then live in shared memory
             shared_weights=transport == "shared_memory",
+            lora_adapter_refit=cfg.generation.vllm.lora_adapter,
             **self.policy_worker_kwargs(),
             **({"teacher": held_teacher} if held_teacher else {}),
         )
@@ -720,7 +721,9 @@ class GRPOTrainer:
         resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpointer)
         step = self.restore(resume_from) if resume_from else 0
         if not resume_from and self.refits:
-            self.check_generator()  # same weights on both sides yet: proves the check itself holds
+            # same weights on both sides yet: proves the check itself holds; an engine that serves the
+            # LoRA adapter (generation.vllm.lora_adapter) starts without one and gets it here
+            self.refit() if cfg.generation.vllm.lora_adapter else self.check_generator()
             self.timer.pop()
         result = GRPOResult(self.run_dir, step, last_checkpoint=resume_from)
         logger = MetricsLogger(
