@@ -129,7 +129,7 @@ def test_vllm_request_seeds_are_distinct_across_workers_requests_and_steps():
     seeds_of_call: list[int] = []
 
     class FakeLLM:
-        def generate(self, prompts, sampling, use_tqdm=False):
+        def generate(self, prompts, sampling, use_tqdm=False, lora_request=None):
             seeds_of_call.extend(sp.seed for sp in sampling)
             step = {5: SimpleNamespace(logprob=-0.5), 0: SimpleNamespace(logprob=-0.5)}
             done = SimpleNamespace(token_ids=[5, 0], logprobs=[step, step])
@@ -138,6 +138,7 @@ def test_vllm_request_seeds_are_distinct_across_workers_requests_and_steps():
     def engine() -> VLLMGenerator:
         gen = VLLMGenerator.__new__(VLLMGenerator)
         gen.llm, gen.sleeping, gen.eos_ids = FakeLLM(), False, {0}
+        gen.adapter = None  # no LoRA adapter served
         gen.tokenizer = SimpleNamespace(eos_token_id=0)
         return gen
 
