@@ -18,9 +18,9 @@ import time
 import torch
 
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
-from posttrain.models.generation import SamplingParams
+from posttrain.generation.sampling import SamplingParams
+from posttrain.generation.text_generation import LocalGenerator
 from posttrain.models.hub import resolve_model
-from posttrain.models.text_generation import LocalGenerator
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import run_rollouts
 

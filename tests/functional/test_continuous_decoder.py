@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.models.continuous import ContinuousDecoder
+from posttrain.generation.continuous import ContinuousDecoder
+from posttrain.generation.sampler import sample
 from posttrain.models.policy import load_causal_lm
-from posttrain.models.sampler import sample
 
 
 @pytest.fixture(scope="module")

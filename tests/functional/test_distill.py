@@ -13,13 +13,13 @@ from conftest import make_tiny_model_dir
 
 from posttrain.config import load_config
 from posttrain.config.schema import DistillConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.generation.sampling import SamplingParams
 from posttrain.models.actor import ActorPolicy
 from posttrain.models.distill_logprobs import (
     PositionInputs,
     student_topk_from_rows,
     teacher_topk_chunk,
 )
-from posttrain.models.generation import SamplingParams
 from posttrain.models.student import DistillBatch, StudentActor
 from posttrain.models.teacher import Teacher, TokenizerMismatchError, check_same_tokenizer
 from posttrain.rollout.rollout import Trajectory, build_rl_batch
@@ -187,7 +187,7 @@ def test_divergence_goes_down_on_a_fixed_batch(peaked_student_dir, teacher_dir, 
 def test_microbatch_layouts_give_the_same_step(tiny_model_dir, teacher_dir, tokenizer):
     """1x6 = 6x1 = 2x3 microbatches, in float64 (exact math: a sum over tokens divided by the global
     count): the same loss, gradient norm and updated weights up to float64 rounding."""
-    from posttrain.models.refit import weights_checksum
+    from posttrain.generation.refit import weights_checksum
 
     sampler = _student(tiny_model_dir)
     batch = _sampled_batch(sampler, tokenizer)

@@ -14,7 +14,7 @@ import torch
 
 from posttrain.data.tokenize import encode_prompt, observation_ids
 from posttrain.environments.interface import EnvStepResult, EpisodeStart
-from posttrain.models.generation import GenerationOutput, SamplingParams
+from posttrain.generation.sampling import GenerationOutput, SamplingParams
 from posttrain.rollout.rollout import build_rl_batch, run_rollouts, transcript
 
 
@@ -218,7 +218,7 @@ def test_continuous_episodes_equal_turn_by_turn_when_greedy(tmp_path_factory, to
     from conftest import make_tiny_model_dir
 
     from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
-    from posttrain.models.text_generation import LocalGenerator
+    from posttrain.generation.text_generation import LocalGenerator
 
     # a wide init: greedy replies differ by prompt and in length (no near-ties between tokens)
     model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("wide"), tokenizer, initializer_range=0.1)

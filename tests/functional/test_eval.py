@@ -102,7 +102,7 @@ def test_records_read_boxed_answers_with_the_math_environment(tokenizer):
     """Scoring without a model: replies written by hand (a scripted generator), judged by the real
     math environment through the same rollout code as training."""
     from posttrain.environments.group import EnvironmentGroup
-    from posttrain.models.generation import GenerationOutput, SamplingParams
+    from posttrain.generation.sampling import GenerationOutput, SamplingParams
     from posttrain.rollout.rollout import run_rollouts
     from posttrain.trainers.eval import sample_records, summarize
 

@@ -20,7 +20,7 @@ import torch
 from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfig, RefitCheckConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.refit_check import check_refit
-from posttrain.models.generation import SamplingParams
+from posttrain.generation.sampling import SamplingParams
 
 pytestmark = pytest.mark.ray
 
@@ -59,7 +59,7 @@ def early_eos(tmp_path_factory, tiny_model_dir, tokenizer):
     after one token; prompts B and C run the full NEW_TOKENS. (folder, [A, B, C])"""
     from transformers import AutoModelForCausalLM
 
-    from posttrain.models.sampler import sample
+    from posttrain.generation.sampler import sample
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     texts = ["The capital of France", "Count to", "Tell me a story about", "2 + 2 =", "Question 1: what"]

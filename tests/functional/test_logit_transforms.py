@@ -21,8 +21,8 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+from posttrain.generation.sampler import sample
 from posttrain.models.logprobs import token_logprobs
-from posttrain.models.sampler import sample
 
 VOCAB = 96
 SIZES = dict(

@@ -180,8 +180,8 @@ def test_resume_refuses_another_lora_shape(tiny_model_dir, tmp_path):
 def test_refit_makes_the_generator_run_the_merged_weights(tiny_model_dir, tokenizer, transport):
     from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
     from posttrain.distributed.refit_check import RefitError, check_refit
-    from posttrain.models.actor import GenerationWorker
-    from posttrain.models.generation import SamplingParams
+    from posttrain.generation.sampling import SamplingParams
+    from posttrain.generation.worker import GenerationWorker
 
     batch = _batch(tokenizer)
     cluster = ClusterConfig(backend="local")
@@ -423,7 +423,7 @@ def test_fsdp2_lora_matches_one_plain_worker_and_refits_merged(
     assert (fsdp["logprobs"] - plain["ref"][0]).abs().max() > 1e-3
     a, b = fsdp["checksums"]  # every rank fingerprints the same merged weights
     assert a == b and a == pytest.approx(plain["checksums"][0], rel=1e-6)
-    from posttrain.models.refit import unpack
+    from posttrain.generation.refit import unpack
 
     merged = {}
     for bucket in fsdp["merged"]:

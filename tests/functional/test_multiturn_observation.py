@@ -12,7 +12,7 @@ import pytest
 
 from posttrain.data.tokenize import encode_prompt, observation_ids, turn_suffix
 from posttrain.environments.interface import EnvStepResult
-from posttrain.models.generation import GenerationOutput, SamplingParams
+from posttrain.generation.sampling import GenerationOutput, SamplingParams
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import run_rollouts
 

@@ -15,8 +15,8 @@ from posttrain.config.schema import (
 )
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import RefitError, check_refit
-from posttrain.models.actor import GenerationWorker
-from posttrain.models.generation import SamplingParams
+from posttrain.generation.sampling import SamplingParams
+from posttrain.generation.worker import GenerationWorker
 from posttrain.trainers.sft import sft_loss
 
 

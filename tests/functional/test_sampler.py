@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.models.generation import SamplingParams, hf_generate
-from posttrain.models.sampler import sample
+from posttrain.generation.sampler import sample
+from posttrain.generation.sampling import SamplingParams, hf_generate
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from posttrain.data.sources import load_rows
 from posttrain.data.tasks import build_tasks, tasks_within
 from posttrain.data.tokenize import encode_prompt
 from posttrain.environments.group import EnvironmentGroup
+from posttrain.generation.sampling import SamplingParams
 from posttrain.models.actor import ActorPolicy
-from posttrain.models.generation import SamplingParams
 from posttrain.rollout.rollout import Trajectory, build_rl_batch, run_rollouts
 from posttrain.trainers.grpo import grpo_loss
 

@@ -21,7 +21,7 @@ def test_split_refit_over_nccl_gives_bit_identical_weights(ray_cluster, tiny_mod
     from posttrain.data.batching import collate
     from posttrain.data.tokenize import tokenize_conversation
     from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
-    from posttrain.models.actor import GenerationWorker
+    from posttrain.generation.worker import GenerationWorker
     from posttrain.trainers.sft import sft_loss
 
     cfg = PolicyConfig(

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from posttrain.models.refit import SharedSnapshot, map_shared
+from posttrain.generation.refit import SharedSnapshot, map_shared
 from posttrain.rollout.async_collector import (
     AsyncCollector,
     GenerationFailed,

@@ -83,7 +83,7 @@ def test_quickstart_recipes_spell_out_the_defaults():
 
 def test_vllm_cpu_binding_gives_each_rank_its_own_cores(monkeypatch):
     from posttrain.config.schema import VLLMConfig
-    from posttrain.models.vllm_engine import cpu_environment
+    from posttrain.generation.vllm_engine import cpu_environment
 
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     cfg = VLLMConfig(cpu_kv_cache_gib=2)
@@ -97,7 +97,7 @@ def test_compiled_vllm_on_cpu_without_a_cpp_compiler_is_refused_clearly(monkeypa
     import torch
 
     from posttrain.config.schema import VLLMConfig
-    from posttrain.models.vllm_engine import VLLMGenerator
+    from posttrain.generation.vllm_engine import VLLMGenerator
 
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no compiler on it
     monkeypatch.delenv("CXX", raising=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.models.vllm_engine import CopyPlan
+from posttrain.generation.vllm_engine import CopyPlan
 
 
 class FusedModel(torch.nn.Module):

@@ -14,16 +14,16 @@ import pytest
 import torch
 
 from posttrain.distributed.actor_group import generate_on
-from posttrain.models import generation
-from posttrain.models.actor import Sampling
-from posttrain.models.generation import SamplingParams
+from posttrain.generation import sampling
+from posttrain.generation.sampling import SamplingParams
+from posttrain.generation.worker import Sampling
 
 LOW32 = (1 << 32) - 1
 
 
 def _invert(seed: int) -> tuple[int, int, int]:
     """(base mod 2**31, stream, index) back from a seed: a left inverse, so `sampling_seed` is injective."""
-    from posttrain.models.generation import SEED_INDEX_BITS, _mix64
+    from posttrain.generation.sampling import SEED_INDEX_BITS, _mix64
 
     base = seed >> 32
     low = (seed & LOW32) ^ (_mix64(base) >> 32)
@@ -31,7 +31,7 @@ def _invert(seed: int) -> tuple[int, int, int]:
 
 
 def test_sampling_seed_has_a_left_inverse_and_fits_int64():
-    from posttrain.models.generation import SEED_INDEX_BITS, SEED_STREAM_BITS, sampling_seed
+    from posttrain.generation.sampling import SEED_INDEX_BITS, SEED_STREAM_BITS, sampling_seed
 
     rng = random.Random(0)
     corners = [0, 1, (1 << 31) - 1]
@@ -104,7 +104,7 @@ def test_hf_sampler_seeds_are_distinct_across_workers_batches_and_steps(monkeypa
         seeds_of_call.append(seed)
         return [[5, 0] for _ in prompt_ids], [[-0.5, -0.5] for _ in prompt_ids]
 
-    monkeypatch.setattr(generation, "sample", fake_sample)
+    monkeypatch.setattr(sampling, "sample", fake_sample)
     workers = _Workers([_HFWorker() for _ in range(4)])
     prompts = [[1, 2, i] for i in range(64)]  # 16 per worker: 4 batches of 4 each
     every: list[int] = []
@@ -124,12 +124,12 @@ def test_vllm_request_seeds_are_distinct_across_workers_requests_and_steps():
         from vllm import LLM  # noqa: F401
     except ImportError as e:
         pytest.skip(f"vLLM is not installed: {e}")
-    from posttrain.models.vllm_engine import VLLMGenerator
+    from posttrain.generation.vllm_engine import VLLMGenerator
 
     seeds_of_call: list[int] = []
 
     class FakeLLM:
-        def generate(self, prompts, sampling, use_tqdm=False):
+        def generate(self, prompts, sampling, use_tqdm=False, lora_request=None):
             seeds_of_call.extend(sp.seed for sp in sampling)
             step = {5: SimpleNamespace(logprob=-0.5), 0: SimpleNamespace(logprob=-0.5)}
             done = SimpleNamespace(token_ids=[5, 0], logprobs=[step, step])
@@ -138,6 +138,7 @@ def test_vllm_request_seeds_are_distinct_across_workers_requests_and_steps():
     def engine() -> VLLMGenerator:
         gen = VLLMGenerator.__new__(VLLMGenerator)
         gen.llm, gen.sleeping, gen.eos_ids = FakeLLM(), False, {0}
+        gen.adapter = None  # no LoRA adapter served
         gen.tokenizer = SimpleNamespace(eos_token_id=0)
         return gen
 

@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from posttrain.models.refit import (
+from posttrain.generation.refit import (
     NumpyBucket,
     RefitGroup,
     SharedFlatWeights,

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from posttrain.models.sampler import choose_tokens, filter_top_k_top_p
+from posttrain.generation.sampler import choose_tokens, filter_top_k_top_p
 
 INF = float("-inf")
 

@@ -11,8 +11,8 @@ from posttrain.checkpoint import Checkpointer, resolve_resume
 from posttrain.distributed.workers import placement_message
 from posttrain.doctor import check_ray, check_shm
 from posttrain.errors import MissingFileError, WorkerLostError
-from posttrain.models.refit import shm_too_small_message
-from posttrain.models.vllm_engine import INSTALL_HINT
+from posttrain.generation.refit import shm_too_small_message
+from posttrain.generation.vllm_engine import INSTALL_HINT
 from posttrain.trainers.common import print_interrupted
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import pytest
 
 from posttrain.config import load_config
 from posttrain.config.schema import DistillConfig, EvalConfig, GRPOConfig, PPOConfig
-from posttrain.models.vllm_lora import max_lora_rank, target_modules
+from posttrain.generation.vllm_lora import max_lora_rank, target_modules
 
 ADAPTER = ["generation.vllm.lora_adapter=true"]
 

@@ -15,8 +15,8 @@ require_vllm()
 from posttrain.data.tokenize import observation_ids  # noqa: E402
 from posttrain.environments.interface import EnvStepResult, EpisodeStart  # noqa: E402
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment  # noqa: E402
-from posttrain.models.generation import SamplingParams  # noqa: E402
-from posttrain.models.text_generation import LocalGenerator  # noqa: E402
+from posttrain.generation.sampling import SamplingParams  # noqa: E402
+from posttrain.generation.text_generation import LocalGenerator  # noqa: E402
 from posttrain.rollout.rollout import run_rollouts  # noqa: E402
 
 pytestmark = pytest.mark.vllm

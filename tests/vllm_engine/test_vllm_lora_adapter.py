@@ -20,8 +20,8 @@ from posttrain.config.schema import (  # noqa: E402
     VLLMConfig,
 )
 from posttrain.distributed.refit_check import RefitError, check_refit, probe_batch  # noqa: E402
+from posttrain.generation.sampling import SamplingParams, hf_generate  # noqa: E402
 from posttrain.models.actor import ActorPolicy  # noqa: E402
-from posttrain.models.generation import SamplingParams, hf_generate  # noqa: E402
 from posttrain.models.lora import adapted_layers, adapters_disabled, merged_weights  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -147,7 +147,7 @@ def test_served_adapter_equals_merged_weights_in_the_engine(actor, tokenizer):
     breaks the first's distributed state): its own refit path copies W + s·BA into the base weights,
     then generation without the adapter request equals generation with the adapter on the base.
     The module's last test: it leaves merged weights in the engine's base."""
-    from posttrain.models.vllm_engine import _load_weights
+    from posttrain.generation.vllm_engine import _load_weights
 
     _perturb_adapters(actor.model, seed=3)
     actor.refit_engine()

@@ -11,9 +11,10 @@ from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfi
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.distributed.workers import Workers, make_workers, run_concurrently
-from posttrain.models.actor import ActorPolicy, GenerationWorker, refit_cast_dtype
-from posttrain.models.generation import GenerationOutput, SamplingParams
-from posttrain.models.refit import SharedWeightsHandle
+from posttrain.generation.refit import SharedWeightsHandle
+from posttrain.generation.sampling import GenerationOutput, SamplingParams
+from posttrain.generation.worker import GenerationWorker, refit_cast_dtype
+from posttrain.models.actor import ActorPolicy
 
 
 def _split(items: list, n: int, *, every_rank: bool = False) -> list[list]:
@@ -39,7 +40,7 @@ def generate_on(
 ) -> GenerationOutput:
     """Spread prompts over the workers and concatenate the outputs in order. Worker i samples with
     `params.seed` and `seed_stream` i, so every random stream of the call has a seed of its own
-    (`posttrain.models.generation.sampling_seed`). `every_rank`: call every worker, those without
+    (`posttrain.generation.sampling.sampling_seed`). `every_rank`: call every worker, those without
     prompts too (FSDP2: every forward is a collective that all ranks must join)."""
     pieces = _split(prompt_ids, len(workers), every_rank=every_rank)
     args = [(piece, dataclasses.replace(params, seed_stream=i), batch_size) for i, piece in enumerate(pieces)]

@@ -17,7 +17,7 @@ import torch
 from posttrain.algorithms.metrics import token_mult_prob_error
 from posttrain.config.schema import RefitCheckConfig
 from posttrain.data.batching import TokenBatch
-from posttrain.models.generation import GenerationOutput, SamplingParams
+from posttrain.generation.sampling import GenerationOutput, SamplingParams
 
 
 class RefitError(RuntimeError):

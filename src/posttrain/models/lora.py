@@ -215,7 +215,7 @@ def adapter_fingerprint(
 ) -> tuple[float, float]:
     """(Σ, Σ of squares) in float64 over every A and every s·B (B scaled by alpha / r), each first cast
     to `dtype` and scaled in it: what vLLM holds for a served adapter (it folds the scale into B in the
-    adapter's dtype), so the two agree exactly (`posttrain.models.vllm_lora.served_fingerprint`)."""
+    adapter's dtype), so the two agree exactly (`posttrain.generation.vllm_lora.served_fingerprint`)."""
     total, squares = 0.0, 0.0
     with torch.no_grad():
         for layer in adapted_layers(model).values():

@@ -29,9 +29,9 @@ import torch.distributed as dist
 
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
+from posttrain.generation.refit import weights_checksum
 from posttrain.models.logprobs import batched_logprobs, token_logprobs
 from posttrain.models.optim import build_optimizer
-from posttrain.models.refit import weights_checksum
 
 LossFn = Callable[[torch.Tensor, TokenBatch, float], tuple[torch.Tensor, dict[str, float]]]
 """(token_logprobs [B, T] (`Policy.loss_inputs`; a reward model gives scores [B]), microbatch, global

@@ -1,5 +1,5 @@
 """Multi-turn episodes without a turn barrier: each episode's next turn starts when its observation is
-ready, inside one continuously batched decode (`posttrain.models.continuous.ContinuousDecoder`).
+ready, inside one continuously batched decode (`posttrain.generation.continuous.ContinuousDecoder`).
 
     queue = every episode's prompt
     while episodes are running or queued:
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from posttrain.environments.interface import EnvStepResult
-from posttrain.models.continuous import ContinuousDecoder
-from posttrain.models.generation import SamplingParams, _eos_ids, sampling_seed
+from posttrain.generation.continuous import ContinuousDecoder
+from posttrain.generation.sampling import SamplingParams, _eos_ids, sampling_seed
 from posttrain.rollout.rollout import EpisodeLimits, Trajectory, apply_step, record_turn, turn_seed
 
 
@@ -165,7 +165,7 @@ def engine_episode_loop(
     limits: EpisodeLimits,
 ) -> tuple[list[Trajectory], list[EnvStepResult]]:
     """Run `trajectories` (fresh episodes, prompts only) to their ends on a vLLM engine
-    (`posttrain.models.vllm_engine.VLLMGenerator`), one request per turn, with no turn barrier.
+    (`posttrain.generation.vllm_engine.VLLMGenerator`), one request per turn, with no turn barrier.
 
         submit every episode's first turn
         while requests are pending:
@@ -265,7 +265,7 @@ def run_continuous(
         engine = getattr(generator, "engine", None)
         sampler = generator.model if engine is None else engine
         return run_episodes(sampler, tokenizer, trajectories, environment, params, batch_size, limits, 0)
-    from posttrain.models.actor import Sampling
+    from posttrain.generation.worker import Sampling
 
     pieces = split_by_group(trajectories, len(workers))
     args = [

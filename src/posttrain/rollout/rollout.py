@@ -24,9 +24,9 @@ from posttrain.data.batching import TokenBatch
 from posttrain.data.tokenize import Message, encode_prompt, observation_ids
 from posttrain.environments.interface import EnvStepResult, EpisodeStart, observation_messages, task_start
 from posttrain.environments.tools import template_supports_tools, with_tools_in_system_prompt
+from posttrain.generation.sampling import GenerationOutput, SamplingParams
 from posttrain.logging.progress import Phase, phase
 from posttrain.logging.timer import Timer
-from posttrain.models.generation import GenerationOutput, SamplingParams
 
 
 class Generates(Protocol):

@@ -27,9 +27,9 @@ from posttrain.algorithms.metrics import cons_at_k, pass_at_k
 from posttrain.checkpoint.export import resolve_model_source
 from posttrain.config.schema import EvalConfig
 from posttrain.environments.group import EnvironmentGroup
+from posttrain.generation.sampling import SamplingParams
+from posttrain.generation.text_generation import LocalGenerator
 from posttrain.logging.timer import Timer
-from posttrain.models.generation import SamplingParams
-from posttrain.models.text_generation import LocalGenerator
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import Rollouts, run_rollouts, transcript
 from posttrain.rollout.tasks import load_tasks

@@ -44,10 +44,10 @@ from posttrain.distributed.refit_check import check_refit
 from posttrain.distributed.teacher_group import StudentGroup, TeacherGroup, teacher_worker_kwargs
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.errors import WorkerLostError
+from posttrain.generation.sampling import SamplingParams
+from posttrain.generation.worker import refit_cast_dtype
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
-from posttrain.models.actor import refit_cast_dtype
-from posttrain.models.generation import SamplingParams
 from posttrain.models.teacher import prepare_teacher
 from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import (

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from posttrain.config.schema import VLLMConfig
-from posttrain.models.generation import GenerationOutput, SamplingParams, hf_generate
+from posttrain.generation.sampling import GenerationOutput, SamplingParams, hf_generate
 
 
 def pick_eval_device(device: str) -> torch.device:
@@ -47,7 +47,7 @@ class LocalGenerator:
 
             self.model = load_causal_lm(model_dir, DTYPES[dtype]).to(device_)
         elif backend == "vllm":
-            from posttrain.models.vllm_engine import VLLMGenerator
+            from posttrain.generation.vllm_engine import VLLMGenerator
 
             self.engine = VLLMGenerator(
                 vllm,

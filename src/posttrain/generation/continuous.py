@@ -27,8 +27,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from posttrain.generation.sampler import PreallocatedLayer, _hits_stop_string, choose_tokens, left_pad
 from posttrain.models.attention import GQA_SDPA_ATTENTION, attention_implementation
-from posttrain.models.sampler import PreallocatedLayer, _hits_stop_string, choose_tokens, left_pad
 
 
 class SlotLayer(PreallocatedLayer):

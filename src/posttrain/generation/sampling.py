@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
+from posttrain.generation.sampler import WeightUpdates, sample
 from posttrain.models.fsdp import all_ranks_max, collective_group
-from posttrain.models.sampler import WeightUpdates, sample
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def hf_generate(
     batch_size: int = 64,
     updates: WeightUpdates | None = None,
 ) -> GenerationOutput:
-    """Sample with `posttrain.models.sampler.sample` (shared prefill per distinct prompt), `batch_size`
+    """Sample with `posttrain.generation.sampler.sample` (shared prefill per distinct prompt), `batch_size`
     prompts at a time. Under FSDP2 every rank runs as many batches as the rank with the most (the
     others, a rank without prompts too, on empty batches: `sample` then joins the forwards only).
     `updates` (partial rollouts): newer weights are loaded before each batch and between decode

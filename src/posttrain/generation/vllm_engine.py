@@ -9,7 +9,7 @@ first update of a set of names goes through vLLM's own loader and records where 
 
 Logprobs: vLLM is asked for `processed_logprobs`, the logprobs of the distribution it samples
 from after temperature scaling. With top-p = 1 and no top-k that is log softmax(z / T), the
-distribution RL trains (see `posttrain.models.generation`); with top-p / top-k truncation vLLM
+distribution RL trains (see `posttrain.generation.sampling`); with top-p / top-k truncation vLLM
 reports the truncated distribution instead, unlike the HF backend.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from posttrain.config.schema import LoraConfig, VLLMConfig
-from posttrain.models.generation import GenerationOutput, SamplingParams, finished_length, sampling_seed
-from posttrain.models.refit import weights_checksum
+from posttrain.generation.refit import weights_checksum
+from posttrain.generation.sampling import GenerationOutput, SamplingParams, finished_length, sampling_seed
 
 INSTALL_HINT = (
     "the vLLM backend needs vLLM: on GPUs `pip install 'posttrain[vllm]'`; on CPUs "
@@ -224,7 +224,7 @@ class VLLMGenerator:
         lora: LoraConfig | None = None,
     ) -> None:
         """`lora`: the policy's adapters; with `cfg.lora_adapter` the engine serves them as a vLLM LoRA
-        adapter (`posttrain.models.vllm_lora`) and `load_weights` takes the adapter tensors only."""
+        adapter (`posttrain.generation.vllm_lora`) and `load_weights` takes the adapter tensors only."""
         if cfg.sleep and device.type != "cuda":
             raise ValueError(
                 "generation.vllm.sleep=true needs a GPU: vLLM's sleep mode releases GPU memory "
@@ -255,7 +255,7 @@ class VLLMGenerator:
         )
         self.adapter = None
         if cfg.lora_adapter and lora is not None:
-            from posttrain.models.vllm_lora import ServedAdapter
+            from posttrain.generation.vllm_lora import ServedAdapter
 
             self.adapter = ServedAdapter(lora)
             kwargs.update(self.adapter.engine_kwargs())
