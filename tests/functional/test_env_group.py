@@ -120,3 +120,43 @@ def test_local_backend():
         envs.shutdown()
     with pytest.raises(WorkerError, match=r"env-BrokenEnvironment-0 \(local\)"):
         EnvironmentGroup(BrokenEnvironment, backend="local").step([[]], [{}])
+
+
+def longer_wins(prompt: str) -> str:
+    """A fair pairwise judge: the longer reply wins, equal lengths tie."""
+    a = prompt.split("Answer A:\n")[1].split("\n\nAnswer B:")[0]
+    b = prompt.split("Answer B:\n")[1].split("\n\n")[0]
+    return "Winner: tie" if len(a) == len(b) else f"Winner: {'A' if len(a) > len(b) else 'B'}"
+
+
+@pytest.mark.ray
+def test_pairwise_judge_groups_stay_whole_across_two_actors(ray_cluster):
+    """Two groups, interleaved: contiguous halves would cut both; each must reach one actor whole.
+    Group q has replies of lengths 1, 2, 2, 3 (win rates 0, 1/2, 1/2, 1 over 6 comparisons each),
+    group p lengths 1 and 2 (0 and 1 over 2)."""
+    from posttrain.environments.judge_backends import FunctionJudge
+
+    replies = [("q", "x"), ("q", "yy"), ("p", "a"), ("q", "zz"), ("p", "bb"), ("q", "www")]
+    logs = [[{"role": "user", "content": q}, {"role": "assistant", "content": r}] for q, r in replies]
+    metadata = [{"index": k} for k in range(len(logs))]
+    kwargs = {"mode": "pairwise", "backend": FunctionJudge(longer_wins)}
+    with EnvironmentGroup("judge", kwargs, num_workers=2) as envs:
+        result = envs.step(logs, metadata)
+    assert [m["index"] for m in result.metadata] == list(range(6))
+    assert [i["judge_comparisons"] for i in result.info] == [6, 6, 2, 6, 2, 6]
+    assert result.rewards == [0.0, 0.5, 0.0, 0.5, 1.0, 1.0] and all(result.scored)
+
+
+class WholeGroupsWithoutKey:
+    needs_whole_groups = True
+
+    def step(self, message_logs, metadata) -> EnvStepResult:
+        return EnvStepResult.final([0.0] * len(message_logs), metadata, [{}] * len(message_logs))
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        return {}
+
+
+def test_whole_groups_without_a_group_key_are_refused():
+    with pytest.raises(ValueError, match="group_key"):
+        EnvironmentGroup(WholeGroupsWithoutKey, backend="local")

@@ -119,3 +119,69 @@ def test_gqa_sdpa_attention_equals_transformers_sdpa_with_padding_mask():
     want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.5)
     got, _ = gqa_sdpa_attention(module, query, key, value, mask, scaling=0.5)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def tiny_gemma2_dir(tmp_path):
+    """A random 2-layer Gemma 2 whose soft-caps bind: attention scores capped at 1, logits at 2, and a
+    sliding window of 4 on its first layer (shorter than the test's sequences)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        attn_logit_softcapping=1.0,
+        final_logit_softcapping=2.0,
+        sliding_window=4,
+    )
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.5)  # large scores and logits, so that both soft-caps change them
+    model.save_pretrained(tmp_path / "gemma2")
+    return tmp_path / "gemma2"
+
+
+def reference_logprobs(model, ids, mask, target):
+    """log p of each target token from the model's plain forward on each sequence alone (no padding)."""
+    out = torch.zeros(ids.shape, dtype=torch.float64)
+    for b in range(ids.shape[0]):
+        cols = mask[b].bool().nonzero().squeeze(1)
+        with torch.no_grad():
+            logits = model(input_ids=ids[b, cols].unsqueeze(0)).logits[0].double()
+        lp = torch.log_softmax(logits[:-1], dim=-1).gather(1, ids[b, cols[1:]].unsqueeze(1)).squeeze(1)
+        keep = target[b, cols[1:]].bool()
+        out[b, cols[1:][keep]] = lp[keep]
+    return out
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_gemma2_softcapped_logprobs_equal_eager_forward(tmp_path, packed):
+    from posttrain.models.policy import load_causal_lm
+
+    model_dir = tiny_gemma2_dir(tmp_path)
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager")
+    sdpa = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")
+    # fp32, as policies train (transformers' eager attention on a padded fp64 batch returns NaN)
+    policy = load_causal_lm(str(model_dir), torch.float32).eval()
+    assert policy.config._attn_implementation == "eager"  # transformers' sdpa drops the attention soft-cap
+    ids, mask = padded_batch()
+    ids = ids % 64
+    target = mask.clone()
+    target[:, :4] = 0
+    want = reference_logprobs(eager.eval(), ids, mask, target)
+    # the soft-cap matters here: sdpa, which ignores it, is far off
+    assert float((reference_logprobs(sdpa.eval(), ids, mask, target) - want).abs().max()) > 0.05
+    with torch.no_grad():
+        got = token_logprobs(policy, ids, mask, target, packed=packed)
+    # fp32 rounding: a few dozen roundings (eps 1.2e-7) at the logprobs' magnitude; ignoring either
+    # soft-cap is off by more than 0.05
+    tolerance = 64 * torch.finfo(torch.float32).eps * (1.0 + float(want.abs().max()))
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=tolerance)

@@ -5,6 +5,11 @@
     metrics = envs.batch_metrics(result)
     envs.shutdown()
 
+An environment that must see whole groups (the pairwise judge compares the samples of a group with
+each other) sets `needs_whole_groups = True` and defines `group_key(message_log, metadata)`: `step`
+then gives all samples with one key to one worker (groups in first-seen order, as even a share per
+worker as groups allow) and still returns results in input order.
+
 Per-sample verifier failures are the environment's business (they score 0 and are counted).
 An exception from a worker's `step` (a bug, bad metadata) fails the whole batch and is raised
 here as `WorkerError`, naming the worker and carrying its traceback.
@@ -16,6 +21,7 @@ short and bursty, between generation and training.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any, Literal
 
 from posttrain.distributed.workers import WorkerError, get_named
@@ -27,6 +33,8 @@ from posttrain.environments.interface import (
     task_start,
 )
 
+_RESULT_FIELDS = ("rewards", "observations", "done", "metadata", "info", "scored", "stop_strings")
+
 
 class _EnvWorker:
     """Holds one environment; the body of each Ray actor (and of the local backend)."""
@@ -36,6 +44,9 @@ class _EnvWorker:
 
     def ready(self) -> bool:
         return True
+
+    def needs_whole_groups(self) -> bool:
+        return bool(getattr(self.env, "needs_whole_groups", False))
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         return self.env.step(message_logs, metadata)
@@ -83,6 +94,8 @@ class EnvironmentGroup:
         kwargs = dict(kwargs or {})
         label = name if isinstance(name, str) else env_cls.__name__
         self.backend = backend
+        self._group_key = getattr(env_cls, "group_key", None)
+        self._whole_groups = False
         self._local: _EnvWorker | None = None
         self._actors: list[Any] = []
         if backend == "local":
@@ -91,6 +104,7 @@ class EnvironmentGroup:
                 self._local = _EnvWorker(env_cls, kwargs)
             except Exception as e:
                 raise WorkerError(f"environment worker {self.names[0]} failed to start: {e!r}") from e
+            self._whole_groups = self._local.needs_whole_groups()
         elif backend == "ray":
             import ray
 
@@ -106,23 +120,51 @@ class EnvironmentGroup:
             ]
             try:
                 self._get([actor.ready.remote() for actor in self._actors])
+                self._whole_groups = self._get([self._actors[0].needs_whole_groups.remote()])[0]
             except WorkerError:
                 self.shutdown()
                 raise
         else:
             raise ValueError(f"backend must be 'ray' or 'local', got {backend!r}")
+        if self._whole_groups and self._group_key is None:
+            self.shutdown()
+            raise ValueError(
+                f"{env_cls.__name__} needs whole groups on one worker but defines no group_key(message_log, "
+                "metadata); define it or set environment.num_workers=1"
+            )
 
     @property
     def num_workers(self) -> int:
         return len(self.names)
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
-        """Step every sample; the batch is split in contiguous chunks, one per worker, results in input order."""
+        """Step every sample, results in input order. The batch is split in contiguous chunks, one per
+        worker, or, for an environment that needs whole groups, in pieces of whole groups."""
         if len(message_logs) != len(metadata):
             raise ValueError(f"{len(message_logs)} message logs but {len(metadata)} metadata entries")
         if not message_logs:
             return EnvStepResult(rewards=[], observations=[], done=[], metadata=[], info=[])
-        return EnvStepResult.concat(self._chunked("step", message_logs, metadata))
+        if not self._whole_groups or self._local is not None:
+            return EnvStepResult.concat(self._chunked("step", message_logs, metadata))
+        pieces = self._group_pieces(message_logs, metadata)
+        chunks = self._run_pieces("step", pieces, message_logs, metadata)
+        merged = EnvStepResult.concat(chunks)
+        position = {i: p for p, i in enumerate(i for piece in pieces for i in piece)}
+        order = [position[i] for i in range(len(message_logs))]
+        return EnvStepResult(**{name: [getattr(merged, name)[p] for p in order] for name in _RESULT_FIELDS})
+
+    def _group_pieces(
+        self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
+    ) -> list[list[int]]:
+        """Sample indices in at most one piece per worker, each piece whole groups (samples with one
+        `group_key`, in first-seen order), as even a number of groups per piece as they allow."""
+        groups: dict[Hashable, list[int]] = {}
+        for i, (log, meta) in enumerate(zip(message_logs, metadata, strict=True)):
+            groups.setdefault(self._group_key(log, meta), []).append(i)
+        members = list(groups.values())
+        k = min(len(self._actors), len(members))
+        bounds = [round(r * len(members) / k) for r in range(k + 1)]
+        return [[i for group in members[bounds[r] : bounds[r + 1]] for i in group] for r in range(k)]
 
     def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
         """Start one episode per task (the environment's `reset`, or the task's own messages), split
@@ -135,28 +177,37 @@ class EnvironmentGroup:
         """Call `method` on contiguous chunks of the columns, one chunk per worker, in input order;
         every chunk's result must have one entry per input."""
         n = len(columns[0])
-        if self._local is not None:
-            try:
-                chunks = [getattr(self._local, method)(*columns)]
-            except Exception as e:
-                raise WorkerError(f"environment worker {self.names[0]} failed: {e!r}") from e
-            bounds = [0, n]
-        else:
-            if not self._actors:
-                raise RuntimeError("the environment group is shut down")
-            k = min(len(self._actors), n)
+        if self._local is None:
+            k = max(1, min(len(self._actors), n))
             bounds = [n * r // k for r in range(k + 1)]
-            chunks = self._get(
-                [
-                    getattr(self._actors[r], method).remote(*(c[bounds[r] : bounds[r + 1]] for c in columns))
-                    for r in range(k)
-                ]
+            return self._run_pieces(
+                method, [list(range(bounds[r], bounds[r + 1])) for r in range(k)], *columns
             )
+        try:
+            chunk = getattr(self._local, method)(*columns)
+        except Exception as e:
+            raise WorkerError(f"environment worker {self.names[0]} failed: {e!r}") from e
+        if len(chunk) != n:
+            raise WorkerError(
+                f"environment worker {self.names[0]} returned {len(chunk)} results for {n} samples"
+            )
+        return [chunk]
+
+    def _run_pieces(self, method: str, pieces: list[list[int]], *columns: list) -> list:
+        """Call `method` on actor r with the entries `pieces[r]` of the columns; every result must have
+        one entry per input."""
+        if not self._actors:
+            raise RuntimeError("the environment group is shut down")
+        chunks = self._get(
+            [
+                getattr(self._actors[r], method).remote(*([c[i] for i in piece] for c in columns))
+                for r, piece in enumerate(pieces)
+            ]
+        )
         for r, chunk in enumerate(chunks):
-            if len(chunk) != bounds[r + 1] - bounds[r]:
+            if len(chunk) != len(pieces[r]):
                 raise WorkerError(
-                    f"environment worker {self.names[r]} returned {len(chunk)} results for "
-                    f"{bounds[r + 1] - bounds[r]} samples"
+                    f"environment worker {self.names[r]} returned {len(chunk)} results for {len(pieces[r])} samples"
                 )
         return chunks
 

@@ -15,7 +15,8 @@ Modes (the question is the first user message, a reply the last assistant messag
   judge ends with "Winner: A", "Winner: B" or "Winner: tie"; a win is 1 point, a tie 0.5, and a
   sample's reward is its points over its judged comparisons (its win rate). Identical replies tie
   without a judge call. Comparisons the judge failed on are left out; a sample with none left is
-  masked. Whole groups must reach one environment worker (environment.num_workers: 1).
+  masked. It sets `needs_whole_groups` (and `group_key`: the prompt), so `EnvironmentGroup` gives
+  each group to one worker whatever environment.num_workers is.
 - reference: a verifier first (math-verify of the last \\boxed{} against the task's `reference`,
   or its `answer`): a match is reward 1 without the judge; otherwise the judge decides whether the
   reply matches the reference ("Verdict: yes" -> 1, "Verdict: no" -> 0).
@@ -274,6 +275,7 @@ class JudgeEnvironment:
         if verifier not in ("math", None):
             raise ValueError(f"verifier must be 'math' or null, got {verifier!r}")
         self.mode = mode
+        self.needs_whole_groups = mode == "pairwise"  # read by EnvironmentGroup
         self.prompt_template = prompt_template or defaults[mode][0]
         self.pattern = pattern or defaults[mode][1]
         if re.compile(self.pattern).groups < 1:
@@ -312,6 +314,11 @@ class JudgeEnvironment:
 
             self._verifier = MathEnvironment(timeout_s=verifier_timeout_s, format_reward=0.0)
         self._cache: OrderedDict[str, str] = OrderedDict()
+
+    @staticmethod
+    def group_key(log: list[Message], meta: dict[str, Any]) -> tuple:
+        """The samples pairwise mode compares with each other: those with one prompt (`_prompt_key`)."""
+        return _prompt_key(log)
 
     # ------------------------------------------------------------------ prompts
     def judge_prompt(self, log: list[Message], meta: dict[str, Any]) -> str:

@@ -11,10 +11,15 @@ posttrain adds two:
   copies K and V to every query head whenever a mask is given (`repeat_kv`); when decoding a
   left-padded batch that is a copy of the whole KV cache in every layer at every token. Same
   mask as "sdpa", same result.
+
+transformers' "sdpa" attention silently drops Gemma 2's `attn_logit_softcapping` (its scores are
+soft-capped only by "eager"), so `use_eager_for_softcapping` switches such a model to "eager" when
+posttrain loads it; the packed path applies the soft-cap itself (`posttrain.models.packing`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +29,8 @@ import torch.nn.functional as F
 
 PACKED_ATTENTION = "posttrain_packed"
 GQA_SDPA_ATTENTION = "posttrain_sdpa_gqa"
+
+log = logging.getLogger(__name__)
 
 
 def gqa_sdpa_attention(
@@ -50,6 +57,16 @@ def gqa_sdpa_attention(
         enable_gqa=query.shape[1] != key.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def use_eager_for_softcapping(model: torch.nn.Module) -> None:
+    """Switch `model` to transformers' "eager" attention if its config soft-caps attention logits
+    (`attn_logit_softcapping`, Gemma 2) and it runs "sdpa", which would ignore the soft-cap."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "attn_logit_softcapping", None) is None or config._attn_implementation != "sdpa":
+        return
+    log.info("%s soft-caps attention logits, which sdpa ignores: using eager attention", type(model).__name__)
+    model.set_attn_implementation("eager")
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

@@ -22,6 +22,7 @@ import torch
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.models.actor import ActorPolicy
+from posttrain.models.attention import use_eager_for_softcapping
 from posttrain.models.packing import packed_hidden_states
 from posttrain.models.policy import MASTER_DTYPE, Policy, TrainResult
 
@@ -38,6 +39,7 @@ def load_value_model(path: str, dtype: torch.dtype) -> torch.nn.Module:
         model = AutoModel.from_pretrained(path, dtype=dtype)
     finally:
         hf_logging.set_verbosity(verbosity)
+    use_eager_for_softcapping(model)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     model.value_head = torch.nn.Linear(config.hidden_size, 1, dtype=dtype)
     torch.nn.init.zeros_(model.value_head.weight)

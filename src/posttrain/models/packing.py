@@ -11,6 +11,10 @@ decoder on the N real tokens only, laid end to end as one [1, N] row:
   [B, L, ...] grid with every sequence starting at column 0 (L = longest sequence), runs causal
   SDPA there and gathers the N outputs back. Causal attention on a right-padded row never
   looks at the padding after a token, so no mask is needed.
+- a layer that asks for a sliding window (Gemma 2, Mistral) gets a causal window mask when its
+  sequences are longer than the window; a layer that asks for attention-logit soft-capping
+  (Gemma 2's `attn_logit_softcapping`: scores -> c * tanh(scores / c) before the softmax, which SDPA
+  cannot do) computes its scores explicitly on the grid, as transformers' "eager" attention does.
 
 The attention function is registered with transformers under `PACKED_ATTENTION` and selected
 only for the duration of one packed forward (`posttrain.models.attention`); its mask function
@@ -61,6 +65,64 @@ def _to_grid(x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
     return grid.view(layout.batch_size, layout.max_len, heads, dim).transpose(1, 2)
 
 
+def _grid_attention(
+    module: torch.nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Causal attention on the [B, heads, L, D] grid -> [B, L, Hq, D], honouring the layer's soft-cap
+    and sliding window (the keyword arguments transformers' decoder layers pass)."""
+    length = q.shape[2]
+    window = sliding_window if sliding_window is not None and sliding_window < length else None
+    if softcap is None and window is None:
+        return gqa_sdpa_attention(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
+    mask = _causal_mask(length, window, q.device)
+    if softcap is None:
+        return gqa_sdpa_attention(module, q, k, v, mask, dropout=dropout, scaling=scaling)[0]
+    return _softcapped_attention(module, q, k, v, mask, dropout=dropout, scaling=scaling, softcap=softcap)
+
+
+def _causal_mask(length: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[L, L] bool, True where query i may attend key j: j <= i, and i - j < window if a window is set
+    (transformers' sliding-window mask)."""
+    i = torch.arange(length, device=device).unsqueeze(1)
+    j = torch.arange(length, device=device).unsqueeze(0)
+    allowed = j <= i
+    return allowed & (i - j < window) if window is not None else allowed
+
+
+def _softcapped_attention(
+    module: torch.nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    dropout: float,
+    scaling: float | None,
+    softcap: float,
+) -> torch.Tensor:
+    """softmax(c * tanh(q k^T * scaling / c), masked) v, the softmax in fp32, as transformers' eager
+    attention computes it for Gemma 2. q [B, Hq, L, D], k/v [B, Hkv, L, D] -> [B, L, Hq, D]."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # query head h reads key/value head h // groups (transformers' repeat_kv)
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    scores = (q @ k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
+    return (probs @ v).transpose(1, 2).contiguous()
+
+
 def packed_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -73,12 +135,12 @@ def packed_attention(
     """Causal attention of each packed sequence on itself; same signature as transformers' attention functions.
 
     query [1, Hq, N, D], key/value [1, Hkv, N, D] -> output [1, N, Hq, D] (the layout HF's
-    attention functions return). `kwargs` (dropout, scaling) go to `gqa_sdpa_attention`."""
+    attention functions return). `kwargs`: dropout, scaling, softcap, sliding_window (`_grid_attention`)."""
     if packed_layout is None:
         raise RuntimeError(f"attention '{PACKED_ATTENTION}' runs only inside packed_hidden_states")
     packed_layout.attention_calls += 1
     q, k, v = (_to_grid(x, packed_layout) for x in (query, key, value))
-    out, _ = gqa_sdpa_attention(module, q, k, v, None, is_causal=True, **kwargs)  # [B, L, Hq, D]
+    out = _grid_attention(module, q, k, v, **kwargs)  # [B, L, Hq, D]
     out = out.reshape(-1, out.shape[2], out.shape[3])  # [B * L, Hq, D]
     return out.index_select(0, packed_layout.grid_index).unsqueeze(0), None
 

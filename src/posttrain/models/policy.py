@@ -30,6 +30,7 @@ import torch.distributed as dist
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.generation.refit import weights_checksum
+from posttrain.models.attention import use_eager_for_softcapping
 from posttrain.models.logprobs import batched_logprobs, token_logprobs
 from posttrain.models.optim import build_optimizer
 
@@ -79,7 +80,9 @@ def load_causal_lm(path: str, dtype: torch.dtype) -> torch.nn.Module:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    use_eager_for_softcapping(model)
+    return model
 
 
 def compile_decoder_layers(model: torch.nn.Module) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from posttrain.data.batching import TokenBatch
 from posttrain.errors import UserError
+from posttrain.models.attention import use_eager_for_softcapping
 from posttrain.models.packing import packed_hidden_states
 from posttrain.models.policy import MASTER_DTYPE, Policy
 
@@ -49,6 +50,7 @@ def load_reward_model(
         model = AutoModelForSequenceClassification.from_pretrained(str(resolve_model_folder(path)), **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
+    use_eager_for_softcapping(model)
     if model.config.pad_token_id is None:
         raise ValueError(
             f"the reward model at {path} has no pad_token_id in its config and none was given; "
