@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -43,6 +44,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def collect_vllm_engines_after_module(request):
+    """A vLLM test module's engines must be gone before the next module builds its own: a collected
+    engine tears down vLLM's process-wide parallel groups, and if the garbage collector gets to it
+    while the next engine is being built, that one loses its groups ("tensor model parallel group is
+    not initialized")."""
+    yield
+    if "vllm" in Path(str(request.module.__file__)).name:
+        gc.collect()
 
 
 @pytest.fixture(scope="session")
