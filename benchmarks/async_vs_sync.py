@@ -14,15 +14,18 @@ reasoning-gym 1-digit sums, math-verify reward; 8 prompts x 4 generations, 32 ne
 - sync_split: generation on its own Ray actor (generation.cpus_per_worker cores), the policy on
   another (cluster.cpus_per_worker); each waits for the other;
 - async_age1: the same split with grpo.async_mode=true and max_trajectory_age_steps=1: the
-  generation actor makes batch k+1 while the policy actor trains on batch k.
+  generation actor makes batch k+1 while the policy actor trains on batch k;
+- async_local: async with cluster.backend=local: generation in a thread of the trainer's process,
+  both sides sharing torch's threads over every core (decoding is memory-bound, training
+  compute-bound: what one leaves idle the other may use).
 
 On a C-core machine the split arms give the policy C - 1 cores and the generator 1 (--gen-cpus).
 Every arm runs its seeds one after the other in this process (Ray arms on one local Ray instance
 started here with the machine's cores). A step's time is the trainer's `timing/step` (collect or
 take, make the batch, train, refit or publish: waiting for data counts, validation and checkpoints
 do not); steps per hour = 3600 x steps / sum of step times. Held-out accuracy is `val/accuracy`
-after the last step (greedy, --val-size held-out problems). The ratio printed is steps/hour of
-async_age1 over the best synchronous arm, by medians over seeds.
+after the last step (greedy, --val-size held-out problems). The ratios printed are steps/hour of
+each async arm over the best synchronous arm, by medians over seeds.
 
 On a shared machine other processes' load distorts every arm (the load average is printed at the
 start and the end of each run); compare runs made on an idle machine.
@@ -42,7 +45,7 @@ from machine import cpu_model  # benchmarks/machine.py (the script's folder is o
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "configs" / "grpo_math.yaml"
-ARMS = ("sync_colocated", "sync_split", "async_age1")
+ARMS = ("sync_colocated", "sync_split", "async_age1", "async_local")
 
 
 def loadavg() -> str:
@@ -55,6 +58,9 @@ def loadavg() -> str:
 def arm_overrides(arm: str, cores: int, gen_cpus: int) -> dict[str, object]:
     if arm == "sync_colocated":
         return {"cluster.backend": "local"}
+    asynchronous = {"grpo.async_mode": True, "grpo.max_trajectory_age_steps": 1}
+    if arm == "async_local":
+        return {"cluster.backend": "local", "generation.placement": "split", **asynchronous}
     split = {
         "cluster.backend": "ray",
         "cluster.cpus_per_worker": max(1, cores - gen_cpus),
@@ -63,7 +69,7 @@ def arm_overrides(arm: str, cores: int, gen_cpus: int) -> dict[str, object]:
     }
     if arm == "sync_split":
         return split
-    return {**split, "grpo.async_mode": True, "grpo.max_trajectory_age_steps": 1}
+    return {**split, **asynchronous}
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
@@ -100,7 +106,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> dic
         "median_step_s": statistics.median(times),
         "val_accuracy": accuracy,
     }
-    if arm == "async_age1":
+    if arm.startswith("async"):
         out["overlap"] = statistics.mean(h.get("async/overlap_fraction", 0.0) for h in steps)
         out["age_mean"] = statistics.mean(h.get("async/age_mean", 0.0) for h in steps)
     print(
@@ -127,7 +133,7 @@ def main() -> None:
     print(
         f"task: {QUICKSTART.relative_to(ROOT)}; {args.steps} steps; seeds {args.seeds}; overrides {args.set}"
     )
-    if any(arm != "sync_colocated" for arm in args.arms):
+    if any(arm in ("sync_split", "async_age1") for arm in args.arms):
         import ray
 
         ray.init(
@@ -152,14 +158,15 @@ def main() -> None:
         accuracy = statistics.median(r["val_accuracy"] for r in runs)
         per_seed = ", ".join(f"{r['steps_per_hour']:.0f}/h acc {r['val_accuracy']:.3f}" for r in runs)
         print(f"{arm:16} {medians[arm]:9.0f} {step:14.2f} {accuracy:14.3f}   {per_seed}")
-    for run in results.get("async_age1", []):
-        print(f"async_age1: overlap fraction {run['overlap']:.2f}, mean trajectory age {run['age_mean']:.2f}")
+    for arm in ("async_age1", "async_local"):
+        for run in results.get(arm, []):
+            print(f"{arm}: overlap fraction {run['overlap']:.2f}, mean trajectory age {run['age_mean']:.2f}")
     sync = {arm: v for arm, v in medians.items() if arm.startswith("sync")}
-    if "async_age1" in medians and sync:
+    if sync:
         best = max(sync, key=sync.get)
-        print(
-            f"\nasync_age1 / best synchronous ({best}): {medians['async_age1'] / sync[best]:.2f}x steps per hour"
-        )
+        for arm in ("async_age1", "async_local"):
+            if arm in medians:
+                print(f"\n{arm} / best synchronous ({best}): {medians[arm] / sync[best]:.2f}x steps per hour")
     print(f"total {time.perf_counter() - started:.0f} s")
 
 
