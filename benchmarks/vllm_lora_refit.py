@@ -72,13 +72,22 @@ def run_arm(args: argparse.Namespace) -> dict[str, float]:
         if i > 0:  # the first refit records vLLM's copy plan (merged) or loads the first adapter
             times.append(time.perf_counter() - start)
     tokenizer = policy.tokenizer
-    prompts = [tokenizer(f"What is {i} + {i + 7}?")["input_ids"] for i in range(args.prompts)]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Explain why {i} + {i + 7} = {2 * i + 7}."}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for i in range(args.prompts)
+    ]
     greedy = SamplingParams(temperature=0, max_new_tokens=args.new_tokens)
     policy.generate(prompts, greedy, args.prompts)  # warm-up
     start = time.perf_counter()
-    policy.generate(prompts, greedy, args.prompts)
+    out = policy.generate(prompts, greedy, args.prompts)
     generate_s = time.perf_counter() - start
-    return {"refit_s": statistics.median(times), "generate_s": generate_s}
+    tokens = sum(len(t) for t in out.token_ids)
+    return {"refit_s": statistics.median(times), "generate_s": generate_s, "tokens": tokens}
 
 
 def main() -> None:
@@ -110,7 +119,8 @@ def main() -> None:
     print(
         f"refit: merged {merged['refit_s']:.3f} s, adapter {adapter['refit_s']:.3f} s "
         f"({adapter['refit_s'] / merged['refit_s']:.2f}x); generate: merged {merged['generate_s']:.2f} s, "
-        f"adapter {adapter['generate_s']:.2f} s ({adapter['generate_s'] / merged['generate_s']:.2f}x)"
+        f"adapter {adapter['generate_s']:.2f} s ({adapter['generate_s'] / merged['generate_s']:.2f}x); "
+        f"generated tokens {merged['tokens']} and {adapter['tokens']}"
     )
 
 
