@@ -192,6 +192,37 @@ def shm_too_small_message(directory: str, free: int, nbytes: int) -> str:
     )
 
 
+def flat_shared_buffers(
+    model: torch.nn.Module, directory: str, kind: str
+) -> tuple[
+    list[str],
+    list[tuple[str, torch.dtype, int]],
+    list[list[tuple[str, tuple[int, ...], int]]],
+    dict[str, torch.Tensor],
+]:
+    """New flat shared-memory buffers for the model's parameters, one file per dtype in `directory`
+    (named posttrain-<kind>-<pid>-...): (file paths, (path, dtype, numel) per file, per file the
+    (name, shape, offset) of each parameter, and a view of each parameter's place by name). The
+    buffers are not filled."""
+    by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    for name, param in model.named_parameters():
+        by_dtype.setdefault(param.dtype, []).append((name, param))
+    paths, files, entries, views = [], [], [], {}
+    for dtype, items in by_dtype.items():
+        numel = sum(p.numel() for _, p in items)
+        path = f"{directory}/posttrain-{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{str(dtype)[6:]}"
+        buffer = torch.from_file(path, shared=True, size=numel, dtype=dtype)
+        paths.append(path)
+        offset, table = 0, []
+        for name, param in items:
+            views[name] = buffer[offset : offset + param.numel()].view(param.shape)
+            table.append((name, tuple(param.shape), offset))
+            offset += param.numel()
+        files.append((path, dtype, numel))
+        entries.append(table)
+    return paths, files, entries, views
+
+
 class SharedFlatWeights:
     """A model's parameters moved into one flat shared-memory buffer per dtype (files in /dev/shm).
 
@@ -200,26 +231,12 @@ class SharedFlatWeights:
     refit is then a single copy (buffer -> engine) with no packing and no object store."""
 
     def __init__(self, model: torch.nn.Module, directory: str = "/dev/shm") -> None:
-        self.paths: list[str] = []
-        by_dtype: dict[torch.dtype, list[tuple[str, torch.nn.Parameter]]] = {}
-        for name, param in model.named_parameters():
-            by_dtype.setdefault(param.dtype, []).append((name, param))
-        require_shm_space(directory, sum(p.numel() * p.element_size() for _, p in model.named_parameters()))
-        files, entries = [], []
-        for dtype, items in by_dtype.items():
-            numel = sum(p.numel() for _, p in items)
-            path = f"{directory}/posttrain-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}-{str(dtype)[6:]}"
-            buffer = torch.from_file(path, shared=True, size=numel, dtype=dtype)
-            self.paths.append(path)
-            offset, table = 0, []
-            for name, param in items:
-                view = buffer[offset : offset + param.numel()].view(param.shape)
-                view.copy_(param.detach())
-                param.data = view
-                table.append((name, tuple(param.shape), offset))
-                offset += param.numel()
-            files.append((path, dtype, numel))
-            entries.append(table)
+        require_shm_space(directory, sum(p.numel() * p.element_size() for p in model.parameters()))
+        self.paths, files, entries, views = flat_shared_buffers(model, directory, "weights")
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                views[name].copy_(param.detach())
+                param.data = views[name]
         self.handle = SharedWeightsHandle(files, entries)
 
     def close(self) -> None:
@@ -238,24 +255,7 @@ class SharedSnapshot:
     (`posttrain.rollout.async_collector`). The handle is the same as `SharedFlatWeights`'s."""
 
     def __init__(self, model: torch.nn.Module, directory: str = "/dev/shm") -> None:
-        self.paths: list[str] = []
-        self.views: dict[str, torch.Tensor] = {}
-        by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
-        for name, param in model.named_parameters():
-            by_dtype.setdefault(param.dtype, []).append((name, param))
-        files, entries = [], []
-        for dtype, items in by_dtype.items():
-            numel = sum(p.numel() for _, p in items)
-            path = f"{directory}/posttrain-snapshot-{os.getpid()}-{uuid.uuid4().hex[:8]}-{str(dtype)[6:]}"
-            buffer = torch.from_file(path, shared=True, size=numel, dtype=dtype)
-            self.paths.append(path)
-            offset, table = 0, []
-            for name, param in items:
-                self.views[name] = buffer[offset : offset + param.numel()].view(param.shape)
-                table.append((name, tuple(param.shape), offset))
-                offset += param.numel()
-            files.append((path, dtype, numel))
-            entries.append(table)
+        self.paths, files, entries, self.views = flat_shared_buffers(model, directory, "snapshot")
         # the version word: which policy version the buffers hold (-1: none yet); its file is also the
         # lock that `write` holds exclusively and readers shared (partial rollouts read mid-generation)
         version_path = f"{directory}/posttrain-snapshot-{os.getpid()}-{uuid.uuid4().hex[:8]}-version"
