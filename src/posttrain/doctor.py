@@ -60,6 +60,15 @@ def check_shm(available_bytes: int, needed_bytes: int, *, needed: bool = True) -
     return Check("/dev/shm", "fail" if needed else "warn", detail, fix, needed)
 
 
+def check_stale_shm(paths: list[str]) -> Check:
+    """Leftover shared-memory weights of killed runs (`posttrain.generation.refit.stale_shared_files`)."""
+    if not paths:
+        return Check("/dev/shm leftovers", "ok", "no weights of dead posttrain processes")
+    size = sum(os.path.getsize(p) for p in paths if os.path.exists(p))
+    detail = f"{len(paths)} file(s) of dead posttrain processes hold {_gib(size)}"
+    return Check("/dev/shm leftovers", "warn", detail, "rm " + " ".join(paths))
+
+
 def check_disk(free_bytes: int, needed_bytes: int, run_dir: str) -> Check:
     """The run directory must have room for one checkpoint (weights plus AdamW state)."""
     detail = f"{_gib(free_bytes)} free under {run_dir}; a checkpoint takes about {_gib(needed_bytes)}"
@@ -375,6 +384,9 @@ def run_checks(config: BaseModel | None, *, algorithm: str = "grpo") -> list[Che
         checks.append(check_shm(shm_free, size or 0, needed=_shm_needed(config)))
     else:
         checks.append(Check("/dev/shm", "ok", f"{_gib(shm_free)} free (model size unknown)"))
+    from posttrain.generation.refit import stale_shared_files
+
+    checks.append(check_stale_shm(stale_shared_files()))
     run_dir = getattr(logging, "run_dir", None) or getattr(config, "output_dir", None) or f"runs/{algorithm}"
     checks.append(check_disk(free_bytes(run_dir), 3 * (size or 0), run_dir))
     checks.append(check_sandbox())

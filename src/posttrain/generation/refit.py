@@ -223,6 +223,24 @@ def flat_shared_buffers(
     return paths, files, entries, views
 
 
+def stale_shared_files(directory: str = "/dev/shm") -> list[str]:
+    """posttrain's shared-memory files in `directory` (posttrain-<kind>-<pid>-..., written by
+    `flat_shared_buffers` and the snapshot's version word) whose writing process is gone: a process
+    killed with SIGKILL cannot remove them, and they hold memory until deleted."""
+    stale = []
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        parts = name.split("-")
+        if len(parts) < 4 or parts[0] != "posttrain" or not parts[2].isdigit():
+            continue
+        try:
+            os.kill(int(parts[2]), 0)
+        except ProcessLookupError:
+            stale.append(os.path.join(directory, name))
+        except PermissionError:  # alive, another user's
+            pass
+    return stale
+
+
 class SharedFlatWeights:
     """A model's parameters moved into one flat shared-memory buffer per dtype (files in /dev/shm).
 
