@@ -283,7 +283,6 @@ def test_epochs_after_the_first_reshuffle_the_minibatches_reproducibly(tokenizer
     from posttrain.trainers.ppo import PPOTrainer
 
     batch = _batch(tokenizer, seed=0)
-    batch = batch.reorder([0, 1, 2])
     trainer = SimpleNamespace(
         cfg=SimpleNamespace(ppo=SimpleNamespace(updates_per_batch=3, seed=0)), current_step=4
     )
