@@ -21,6 +21,8 @@ short and bursty, between generation and training.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Hashable
 from typing import Any, Literal
 
@@ -33,7 +35,7 @@ from posttrain.environments.interface import (
     task_start,
 )
 
-_RESULT_FIELDS = ("rewards", "observations", "done", "metadata", "info", "scored", "stop_strings")
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(EnvStepResult))
 
 
 class _EnvWorker:

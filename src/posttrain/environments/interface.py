@@ -15,6 +15,8 @@ Writing a reward for a single-turn task takes one function (see docs/environment
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +66,8 @@ class EnvStepResult:
     scored: False for an episode the environment could not score (a judge that failed, a broken
         task): it is left out of the loss instead of being scored 0. Default: every sample True.
     stop_strings: per sample, extra stop strings for its next turn (None: the configured ones).
+    response_prefixes: per sample, the response prefix of its next turn and the ones after it
+        (None: keep the episode's, see `EpisodeStart.response_prefix`; "" drops it).
     """
 
     rewards: list[float]
@@ -73,6 +77,7 @@ class EnvStepResult:
     info: list[dict[str, Any]] = field(default_factory=list)
     scored: list[bool] = field(default_factory=list)
     stop_strings: list[tuple[str, ...] | None] = field(default_factory=list)
+    response_prefixes: list[str | None] = field(default_factory=list)
 
     @classmethod
     def final(
@@ -87,8 +92,8 @@ class EnvStepResult:
         self.info = self.info or [{} for _ in range(n)]
         self.scored = self.scored or [True] * n
         self.stop_strings = self.stop_strings or [None] * n
-        fields = ("rewards", "observations", "done", "metadata", "info", "scored", "stop_strings")
-        lengths = {name: len(getattr(self, name)) for name in fields}
+        self.response_prefixes = self.response_prefixes or [None] * n
+        lengths = {f.name: len(getattr(self, f.name)) for f in dataclasses.fields(self)}
         if len(set(lengths.values())) != 1:
             raise ValueError(
                 "EnvStepResult fields must all have one entry per sample; got lengths "
@@ -109,6 +114,7 @@ class EnvStepResult:
             info=[i for x in results for i in x.info],
             scored=[s for x in results for s in x.scored],
             stop_strings=[s for x in results for s in x.stop_strings],
+            response_prefixes=[p for x in results for p in x.response_prefixes],
         )
 
 

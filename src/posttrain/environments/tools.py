@@ -279,6 +279,10 @@ class ToolEnvironment:
         tools_in_system_prompt: write the tools into the system message (`with_tools_in_system_prompt`)
             and offer no `tools=` schemas, for chat templates that ignore `tools=` (SmolLM2; see
             `template_supports_tools`).
+        force_first_tool_call: begin the first assistant turn with the tool-call tag (the episode's
+            response prefix, not generated; later turns start free), as `tool_choice="required"`
+            does for a first request in chat APIs: the model writes the call's JSON and then, after
+            the result, its own final reply. For a model that never opens a call by itself.
     """
 
     def __init__(
@@ -289,12 +293,14 @@ class ToolEnvironment:
         stop_at_tool_call: bool = True,
         tools_in_system_prompt: bool = False,
         system_prompt: str | None = None,
+        force_first_tool_call: bool = False,
     ) -> None:
         self.tools = tools
         self.max_tool_calls = max_tool_calls
         self.stop_strings: tuple[str, ...] = (TOOL_CALL_CLOSE,) if stop_at_tool_call else ()
         self.tools_in_system_prompt = tools_in_system_prompt
         self.system_prompt = system_prompt
+        self.first_prefix = TOOL_CALL_OPEN + "\n" if force_first_tool_call else ""
 
     def start(self, messages: list[Message], metadata: dict[str, Any]) -> EpisodeStart:
         """An episode that offers this environment's tools (as `tools=` schemas or in the system
@@ -302,11 +308,15 @@ class ToolEnvironment:
         metadata = {**metadata, "tool_calls": 0, "tool_errors": 0}
         if self.system_prompt is not None:
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        tools: list[dict[str, Any]] | None = self.tools.schemas()
         if self.tools_in_system_prompt:
-            messages = with_tools_in_system_prompt(messages, self.tools.schemas())
-            return EpisodeStart(messages, metadata, tools=None, stop_strings=self.stop_strings)
+            messages, tools = with_tools_in_system_prompt(messages, self.tools.schemas()), None
         return EpisodeStart(
-            list(messages), metadata, tools=self.tools.schemas(), stop_strings=self.stop_strings
+            list(messages),
+            metadata,
+            tools=tools,
+            stop_strings=self.stop_strings,
+            response_prefix=self.first_prefix,
         )
 
     def score(self, reply: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -322,6 +332,7 @@ class ToolEnvironment:
             metadata=[t[3] for t in turns],
             info=[t[4] for t in turns],
             stop_strings=[None if t[2] else self.stop_strings for t in turns],
+            response_prefixes=[None if t[2] or not self.first_prefix else "" for t in turns],
         )
 
     def _turn(
