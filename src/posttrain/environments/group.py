@@ -22,7 +22,6 @@ short and bursty, between generation and training.
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Hashable
 from typing import Any, Literal
 

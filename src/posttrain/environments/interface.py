@@ -16,7 +16,6 @@ Writing a reward for a single-turn task takes one function (see docs/environment
 from __future__ import annotations
 
 import dataclasses
-
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field

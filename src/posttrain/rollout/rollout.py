@@ -308,7 +308,11 @@ def apply_step(
     t.stop_strings = result.stop_strings[j] if result.stop_strings[j] is not None else t.stop_strings
     if result.response_prefixes[j] is not None:
         t.response_prefix = result.response_prefixes[j]
-        t.prefix_ids = list(tokenizer(t.response_prefix, add_special_tokens=False)["input_ids"]) if t.response_prefix else []
+        t.prefix_ids = (
+            list(tokenizer(t.response_prefix, add_special_tokens=False)["input_ids"])
+            if t.response_prefix
+            else []
+        )
     observation = result.observations[j]
     env_done = result.done[j] or observation is None
     full = len(t.input_ids) >= limits.max_seq_len
