@@ -282,18 +282,23 @@ def test_response_prefix_starts_every_turn_unmasked_and_is_in_the_message(tokeni
     ]
 
 
-def test_forced_first_tool_call_prefixes_only_the_first_turn(tokenizer):
-    """`force_first_tool_call`: the first turn continues after "<tool_call>\\n" (loss mask 0); the
-    environment's step drops the prefix (`response_prefixes=[""]`), so the turn after the tool's
-    result starts free. Real calculator environment, scripted replies."""
+@pytest.mark.parametrize(
+    ("tool_choice", "forced"),
+    [("required", "<tool_call>\n"), ("calculator", '<tool_call>\n{"name": "calculator", "arguments": {')],
+)
+def test_tool_choice_prefixes_only_the_first_turn(tokenizer, tool_choice, forced):
+    """`tool_choice` "required" / a tool's name: the first turn continues after the forced opening of
+    a call (loss mask 0); the environment's step drops the prefix (`response_prefixes=[""]`), so the
+    turn after the tool's result starts free. Real calculator environment, scripted replies."""
     from posttrain.environments.calculator import CalculatorEnvironment
 
-    env = CalculatorEnvironment(force_first_tool_call=True, tools_in_system_prompt=True)
+    env = CalculatorEnvironment(tool_choice=tool_choice, tools_in_system_prompt=True)
     task = {"a": 347, "b": 58}
-    call = '{"name": "calculator", "arguments": {"expression": "347 * 58"}}\n</tool_call>'
+    whole_call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 58"}}\n</tool_call>'
+    call = whole_call.removeprefix(forced)
     rollouts, generator = _run(tokenizer, env, [call, "The answer is \\boxed{20126}."], [task], g=1)
     t = rollouts.trajectories[0]
-    prefix = tokenizer("<tool_call>\n", add_special_tokens=False)["input_ids"]
+    prefix = tokenizer(forced, add_special_tokens=False)["input_ids"]
     first_prompt, second_prompt = generator.calls[0][0][0], generator.calls[1][0][0]
     assert first_prompt[-len(prefix) :] == prefix
     (s1, e1), (s2, _) = t.turn_spans
@@ -301,6 +306,13 @@ def test_forced_first_tool_call_prefixes_only_the_first_turn(tokenizer):
     assert second_prompt == t.input_ids[:s2] and second_prompt[-len(prefix) :] != prefix
     assert tokenizer.decode(t.input_ids[e1:s2]).endswith("<|im_start|>assistant\n")  # no prefix
     replies = [m["content"] for m in t.messages if m["role"] == "assistant"]
-    assert replies == ["<tool_call>\n" + call, "The answer is \\boxed{20126}."]
+    assert replies == [whole_call, "The answer is \\boxed{20126}."]
     assert t.messages[-2]["role"] == "tool" and t.messages[-2]["content"] == "20126"
     assert t.reward == 1.0 and t.info["called_tool"] is True
+
+
+def test_tool_choice_must_name_a_tool():
+    from posttrain.environments.calculator import CalculatorEnvironment
+
+    with pytest.raises(ValueError, match="tool_choice must be 'auto', 'required' or a tool's name"):
+        CalculatorEnvironment(tool_choice="calculater")

@@ -153,7 +153,7 @@ class CalculatorEnvironment(ToolEnvironment):
         answer_format: "boxed_or_last_number" (the last `\\boxed{}`, else the last number) or
             "boxed" (a reply without a box is wrong).
         system_prompt: a system message to begin each episode with (None: the template's default).
-        stop_at_tool_call, tools_in_system_prompt, force_first_tool_call: see `ToolEnvironment`.
+        stop_at_tool_call, tools_in_system_prompt, tool_choice: see `ToolEnvironment`.
     """
 
     def __init__(
@@ -163,7 +163,7 @@ class CalculatorEnvironment(ToolEnvironment):
         system_prompt: str | None = None,
         stop_at_tool_call: bool = True,
         tools_in_system_prompt: bool = False,
-        force_first_tool_call: bool = False,
+        tool_choice: str = "auto",
     ) -> None:
         if answer_format not in ("boxed", "boxed_or_last_number"):
             raise ValueError(
@@ -175,7 +175,7 @@ class CalculatorEnvironment(ToolEnvironment):
             stop_at_tool_call=stop_at_tool_call,
             tools_in_system_prompt=tools_in_system_prompt,
             system_prompt=system_prompt,
-            force_first_tool_call=force_first_tool_call,
+            tool_choice=tool_choice,
         )
         self.answer_format = answer_format
 

@@ -81,7 +81,7 @@ class PythonToolEnvironment(ToolEnvironment):
         max_tool_calls: python calls allowed per episode.
         max_chars: stdout and stderr of a call are each cut to this many characters.
         answer_format, system_prompt, stop_at_tool_call, tools_in_system_prompt,
-            force_first_tool_call: as for `tool_calculator`.
+            tool_choice: as for `tool_calculator`.
         sandbox: `SandboxConfig` fields (e.g. {"workers": 2, "timeout_s": 5}).
     """
 
@@ -93,7 +93,7 @@ class PythonToolEnvironment(ToolEnvironment):
         system_prompt: str | None = None,
         stop_at_tool_call: bool = True,
         tools_in_system_prompt: bool = False,
-        force_first_tool_call: bool = False,
+        tool_choice: str = "auto",
         sandbox: dict[str, Any] | None = None,
     ) -> None:
         self.sandbox = dict(sandbox or {})
@@ -104,7 +104,7 @@ class PythonToolEnvironment(ToolEnvironment):
             stop_at_tool_call=stop_at_tool_call,
             tools_in_system_prompt=tools_in_system_prompt,
             system_prompt=system_prompt,
-            force_first_tool_call=force_first_tool_call,
+            tool_choice=tool_choice,
         )
         self.answer_format = answer_format
 

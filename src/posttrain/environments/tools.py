@@ -257,6 +257,20 @@ def template_supports_tools(tokenizer: Any) -> bool:
     return plain != with_tools
 
 
+def first_turn_prefix(tool_choice: str, tools: ToolRegistry) -> str:
+    """The response prefix that makes the first turn follow `tool_choice` (see `ToolEnvironment`)."""
+    if tool_choice == "auto":
+        return ""
+    if tool_choice == "required":
+        return TOOL_CALL_OPEN + "\n"
+    if tool_choice not in tools:
+        names = [schema["function"]["name"] for schema in tools.schemas()]
+        raise ValueError(
+            f"tool_choice must be 'auto', 'required' or a tool's name {names}, got {tool_choice!r}"
+        )
+    return TOOL_CALL_OPEN + "\n" + '{"name": ' + json.dumps(tool_choice) + ', "arguments": {'
+
+
 class ToolEnvironment:
     """Base for environments where the model may call tools before its final reply.
 
@@ -279,10 +293,12 @@ class ToolEnvironment:
         tools_in_system_prompt: write the tools into the system message (`with_tools_in_system_prompt`)
             and offer no `tools=` schemas, for chat templates that ignore `tools=` (SmolLM2; see
             `template_supports_tools`).
-        force_first_tool_call: begin the first assistant turn with the tool-call tag (the episode's
-            response prefix, not generated; later turns start free), as `tool_choice="required"`
-            does for a first request in chat APIs: the model writes the call's JSON and then, after
-            the result, its own final reply. For a model that never opens a call by itself.
+        tool_choice: the first turn, as chat APIs' `tool_choice` for a first request: "auto" (the model
+            decides), "required" (the turn begins with the tool-call tag, so the model writes a
+            call's JSON) or a tool's name (the turn begins with that call's opening,
+            `<tool_call>\n{"name": NAME, "arguments": {`, so the model writes the arguments). The
+            forced text is the episode's response prefix, not generated; later turns start free.
+            For a model that never opens a call by itself.
     """
 
     def __init__(
@@ -293,14 +309,14 @@ class ToolEnvironment:
         stop_at_tool_call: bool = True,
         tools_in_system_prompt: bool = False,
         system_prompt: str | None = None,
-        force_first_tool_call: bool = False,
+        tool_choice: str = "auto",
     ) -> None:
         self.tools = tools
         self.max_tool_calls = max_tool_calls
         self.stop_strings: tuple[str, ...] = (TOOL_CALL_CLOSE,) if stop_at_tool_call else ()
         self.tools_in_system_prompt = tools_in_system_prompt
         self.system_prompt = system_prompt
-        self.first_prefix = TOOL_CALL_OPEN + "\n" if force_first_tool_call else ""
+        self.first_prefix = first_turn_prefix(tool_choice, tools)
 
     def start(self, messages: list[Message], metadata: dict[str, Any]) -> EpisodeStart:
         """An episode that offers this environment's tools (as `tools=` schemas or in the system
