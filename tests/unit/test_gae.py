@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards, whiten
-from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance
+from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 
 F64 = torch.float64
 
@@ -176,3 +176,8 @@ def test_explained_variance():
     v = r + _t([[0.5, -0.5, 0.5, -0.5, 0.0]])
     assert explained_variance(v, r, m) == pytest.approx(0.8, abs=1e-12)
     assert explained_variance(v, torch.ones_like(r), m) == 0.0  # constant returns: defined as 0
+
+
+def test_last_token_mask():
+    m = _t([[1, 1, 0, 1, 0], [0, 1, 1, 0, 0], [0, 0, 0, 0, 0]])
+    assert last_token_mask(m).tolist() == [[0, 0, 0, 1, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]]

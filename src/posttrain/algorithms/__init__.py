@@ -47,7 +47,7 @@ from posttrain.algorithms.preference import (
     preference_logits,
     sequence_logprobs,
 )
-from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance
+from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 
 __all__ = [
     "masked_sum",
@@ -74,6 +74,7 @@ __all__ = [
     "whiten",
     "clipped_value_loss",
     "explained_variance",
+    "last_token_mask",
     "approx_entropy",
     "cons_at_k",
     "generation_kl",

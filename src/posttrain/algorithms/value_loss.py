@@ -83,3 +83,10 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     if var_r == 0:
         return 0.0
     return float(1.0 - (r - v).var(unbiased=False) / var_r)
+
+
+def last_token_mask(mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] mask of each row's last valid token (an all-zero row stays zero)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask.bool(), positions, torch.full_like(positions, -1)).amax(dim=1, keepdim=True)
+    return ((positions == last) & mask.bool()).to(mask.dtype)

@@ -28,7 +28,7 @@ from posttrain.algorithms.advantages import clip_advantages
 from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards, whiten
 from posttrain.algorithms.policy_loss import kl_estimate
-from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance
+from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 from posttrain.config.schema import PPOConfig
 from posttrain.distributed.critic_group import (
     ColocatedCritic,
@@ -188,6 +188,9 @@ class PPOTrainer(GRPOTrainer):
             "truncation_rate": float(rollouts.truncated.float().mean()),
             "entropy": float(-(batch.generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
             "critic/explained_variance": explained_variance(values, critic_side.returns, mask),
+            "critic/explained_variance_last": explained_variance(
+                values, critic_side.returns, last_token_mask(mask)
+            ),
             "critic/values_mean": masked_stats(values, mask)[0],
             "returns/mean": returns_mean,
             "returns/std": returns_std,
