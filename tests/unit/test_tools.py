@@ -155,6 +155,10 @@ def test_parse_hermes_tool_calls_from_text() -> None:
         ToolCall("add", {"a": 1})
     ]
     assert parse_tool_calls(assistant('<tool_call>{"name": "add"}</tool_call>')) == [ToolCall("add", {})]
+    # the JSON value the block begins with is the call; what follows it is ignored
+    assert parse_tool_calls(
+        assistant('<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n}\n}</tool_call>')
+    ) == [ToolCall("add", {"a": 1})]
 
 
 def test_parse_failures_are_calls_with_errors() -> None:
@@ -349,3 +353,28 @@ def test_step_results_are_valid_for_a_batch() -> None:
     result = env.step([], [])
     assert isinstance(result, EnvStepResult) and len(result) == 0
     assert env.batch_metrics(result) == {"env/tool_errors": 0.0}
+
+
+def test_examples_come_before_the_task_and_describe_tools_false_offers_no_schemas() -> None:
+    """`examples` (worked chat turns) follow the system prompt and precede the task's messages;
+    `describe_tools=False` offers no schemas, so nothing is added to the system prompt either."""
+    from posttrain.environments.calculator import CalculatorEnvironment, product_prompt
+
+    shot = [
+        {"role": "user", "content": product_prompt(12, 34)},
+        {"role": "assistant", "content": call_text("calculator", expression="12 * 34")},
+        {"role": "tool", "name": "calculator", "content": "408"},
+        {"role": "assistant", "content": "The answer is \\boxed{408}."},
+    ]
+    env = CalculatorEnvironment(examples=shot, describe_tools=False, system_prompt="Be brief.")
+    [start] = env.reset([{"a": 223, "b": 49}], [0])
+    assert start.messages == [
+        {"role": "system", "content": "Be brief."},
+        *shot,
+        {"role": "user", "content": product_prompt(223, 49)},
+    ]
+    assert start.tools is None
+    shot[0]["content"] = "changed"  # the environment keeps its own copy
+    assert env.reset([{"a": 1, "b": 2}], [0])[0].messages[1]["content"] == product_prompt(12, 34)
+    [described] = CalculatorEnvironment(examples=shot).reset([{"a": 1, "b": 2}], [0])
+    assert described.tools is not None and described.tools[0]["function"]["name"] == "calculator"

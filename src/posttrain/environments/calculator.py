@@ -153,7 +153,8 @@ class CalculatorEnvironment(ToolEnvironment):
         answer_format: "boxed_or_last_number" (the last `\\boxed{}`, else the last number) or
             "boxed" (a reply without a box is wrong).
         system_prompt: a system message to begin each episode with (None: the template's default).
-        stop_at_tool_call, tools_in_system_prompt, tool_choice: see `ToolEnvironment`.
+        stop_at_tool_call, tools_in_system_prompt, tool_choice, examples,
+            describe_tools: see `ToolEnvironment`.
     """
 
     def __init__(
@@ -164,6 +165,8 @@ class CalculatorEnvironment(ToolEnvironment):
         stop_at_tool_call: bool = True,
         tools_in_system_prompt: bool = False,
         tool_choice: str = "auto",
+        examples: list[dict[str, Any]] | None = None,
+        describe_tools: bool = True,
     ) -> None:
         if answer_format not in ("boxed", "boxed_or_last_number"):
             raise ValueError(
@@ -176,6 +179,8 @@ class CalculatorEnvironment(ToolEnvironment):
             tools_in_system_prompt=tools_in_system_prompt,
             system_prompt=system_prompt,
             tool_choice=tool_choice,
+            examples=examples,
+            describe_tools=describe_tools,
         )
         self.answer_format = answer_format
 

@@ -81,7 +81,7 @@ class PythonToolEnvironment(ToolEnvironment):
         max_tool_calls: python calls allowed per episode.
         max_chars: stdout and stderr of a call are each cut to this many characters.
         answer_format, system_prompt, stop_at_tool_call, tools_in_system_prompt,
-            tool_choice: as for `tool_calculator`.
+            tool_choice, examples, describe_tools: as for `tool_calculator`.
         sandbox: `SandboxConfig` fields (e.g. {"workers": 2, "timeout_s": 5}).
     """
 
@@ -94,6 +94,8 @@ class PythonToolEnvironment(ToolEnvironment):
         stop_at_tool_call: bool = True,
         tools_in_system_prompt: bool = False,
         tool_choice: str = "auto",
+        examples: list[dict[str, Any]] | None = None,
+        describe_tools: bool = True,
         sandbox: dict[str, Any] | None = None,
     ) -> None:
         self.sandbox = dict(sandbox or {})
@@ -105,6 +107,8 @@ class PythonToolEnvironment(ToolEnvironment):
             tools_in_system_prompt=tools_in_system_prompt,
             system_prompt=system_prompt,
             tool_choice=tool_choice,
+            examples=examples,
+            describe_tools=describe_tools,
         )
         self.answer_format = answer_format
 

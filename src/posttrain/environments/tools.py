@@ -20,6 +20,7 @@ Hermes / Qwen format, `tool` role results, and a base environment that runs them
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -97,14 +98,17 @@ def _call_from_json(data: Any, call_id: str | None = None) -> ToolCall:
 def parse_tool_calls(message: Message) -> list[ToolCall]:
     """The tool calls of an assistant message, in order: its `tool_calls` field if it has one
     (`[{"id", "type": "function", "function": {"name", "arguments"}}]`), else the
-    `<tool_call>…</tool_call>` blocks of its content. [] when it calls nothing."""
+    `<tool_call>…</tool_call>` blocks of its content. [] when it calls nothing.
+
+    A block's call is the JSON value it begins with; text after that value is ignored (small
+    models often close one brace too many: `{"name": "f", "arguments": {}}}`)."""
     structured = message.get("tool_calls")
     if structured:
         return [_call_from_json(c.get("function", c), c.get("id")) for c in structured]
     calls = []
     for block in _TOOL_CALL.findall(message.get("content") or ""):
         try:
-            data = json.loads(block)
+            data, _ = json.JSONDecoder().raw_decode(block.strip())
         except json.JSONDecodeError as e:
             calls.append(ToolCall(None, error=f"the tool call is not valid JSON ({e})"))
             continue
@@ -299,6 +303,14 @@ class ToolEnvironment:
             `<tool_call>\n{"name": NAME, "arguments": {`, so the model writes the arguments). The
             forced text is the episode's response prefix, not generated; later turns start free.
             For a model that never opens a call by itself.
+        examples: worked examples as chat turns (e.g. a user question, an assistant tool call, the
+            `tool` result, the final answer), put after the system prompt and before the task's
+            first message: a small model copies a demonstrated call far more often than it follows
+            a described format.
+        describe_tools: offer the tools' schemas (as `tools=`, or in the system prompt for templates
+            that ignore it). False offers none: the `examples` or the `system_prompt` must show
+            the call format (a schema costs a small model ~100 prompt tokens per tool, and
+            SmolLM2-135M copies the schema's JSON instead of writing a call).
     """
 
     def __init__(
@@ -310,8 +322,12 @@ class ToolEnvironment:
         tools_in_system_prompt: bool = False,
         system_prompt: str | None = None,
         tool_choice: str = "auto",
+        examples: Sequence[Message] | None = None,
+        describe_tools: bool = True,
     ) -> None:
         self.tools = tools
+        self.examples = [dict(m) for m in examples or ()]
+        self.describe_tools = describe_tools
         self.max_tool_calls = max_tool_calls
         self.stop_strings: tuple[str, ...] = (TOOL_CALL_CLOSE,) if stop_at_tool_call else ()
         self.tools_in_system_prompt = tools_in_system_prompt
@@ -320,12 +336,13 @@ class ToolEnvironment:
 
     def start(self, messages: list[Message], metadata: dict[str, Any]) -> EpisodeStart:
         """An episode that offers this environment's tools (as `tools=` schemas or in the system
-        prompt), after `system_prompt` when one is set."""
+        prompt), after `system_prompt` and the `examples` when they are set."""
         metadata = {**metadata, "tool_calls": 0, "tool_errors": 0}
+        messages = [*copy.deepcopy(self.examples), *messages]
         if self.system_prompt is not None:
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
-        tools: list[dict[str, Any]] | None = self.tools.schemas()
-        if self.tools_in_system_prompt:
+        tools: list[dict[str, Any]] | None = self.tools.schemas() if self.describe_tools else None
+        if self.tools_in_system_prompt and tools:
             messages, tools = with_tools_in_system_prompt(messages, self.tools.schemas()), None
         return EpisodeStart(
             list(messages),
