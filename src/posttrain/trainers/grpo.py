@@ -76,6 +76,10 @@ from posttrain.trainers.grpo_async import AsyncRollouts, behaviour_ratio_metrics
 PLOTS = [
     "reward/mean",
     "env/accuracy",
+    "env/solved_rate",
+    "env/pass_rate",
+    "env/tool_call_rate",
+    "episode/turns_mean",
     "val/accuracy",
     "pg_loss",
     "kl",
