@@ -316,3 +316,21 @@ def test_tool_choice_must_name_a_tool():
 
     with pytest.raises(ValueError, match="tool_choice must be 'auto', 'required' or a tool's name"):
         CalculatorEnvironment(tool_choice="calculater")
+
+
+def test_transcript_of_an_episode_with_worked_examples_starts_at_the_task(tokenizer):
+    """Worked examples before the task are prompt, not episode: the transcript's prompt is the task's
+    question and its messages begin with the episode's first reply."""
+    from posttrain.environments.calculator import CalculatorEnvironment, product_prompt
+
+    shot = [
+        {"role": "user", "content": product_prompt(12, 34)},
+        {"role": "assistant", "content": "The answer is \\boxed{408}."},
+    ]
+    env = CalculatorEnvironment(examples=shot, describe_tools=False)
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 58"}}\n</tool_call>'
+    rollouts, _ = _run(tokenizer, env, [call, "\\boxed{20126}"], [{"a": 347, "b": 58}], g=1)
+    row = transcript(rollouts.trajectories[0])
+    assert row["prompt"] == product_prompt(347, 58)
+    assert row["messages"][0] == {"role": "assistant", "content": call}
+    assert row["completion"] == "\\boxed{20126}" and row["turns"] == 2 and row["reward"] == 1.0

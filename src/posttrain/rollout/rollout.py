@@ -77,6 +77,7 @@ class Trajectory:
     stop_strings: tuple[str, ...] = ()
     response_prefix: str = ""
     prefix_ids: list[int] = field(default_factory=list)
+    num_prompt_messages: int = 0
     policy_version: int | None = None
     token_versions: list[int] = field(default_factory=list)
 
@@ -198,6 +199,7 @@ def new_trajectories(
                     stop_strings=tuple(start.stop_strings),
                     response_prefix=start.response_prefix,
                     prefix_ids=prefix,
+                    num_prompt_messages=len(start.messages),
                 )
             )
     return out
@@ -474,9 +476,12 @@ def build_rl_batch(trajectories: list[Trajectory], advantages: torch.Tensor, pad
 
 
 def transcript(t: Trajectory) -> dict[str, Any]:
-    """One episode for reading (samples.jsonl, eval transcripts): the prompt, the last reply, and
-    for several turns the whole conversation with each turn's reward."""
-    first_reply = next((i for i, m in enumerate(t.messages) if m.get("role") == "assistant"), len(t.messages))
+    """One episode for reading (samples.jsonl, eval transcripts): the prompt (the last message before
+    the episode's first reply, worked examples in the prompt skipped), the last reply, and for several
+    turns the conversation from the first reply on, with each turn's reward."""
+    first_reply = t.num_prompt_messages or next(
+        (i for i, m in enumerate(t.messages) if m.get("role") == "assistant"), len(t.messages)
+    )
     prompt = t.messages[first_reply - 1]["content"] if first_reply else ""
     row: dict[str, Any] = {
         "prompt": prompt,
