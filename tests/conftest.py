@@ -182,3 +182,15 @@ def ray_nodes():
     nodes = Nodes()
     yield nodes
     nodes.close()
+
+
+def require_sandbox() -> None:
+    """Skip unless `posttrain.sandbox` can start an isolating backend here; in CI, fail instead."""
+    from posttrain.sandbox import SandboxError, SandboxPool
+
+    try:
+        SandboxPool(workers=1).close()
+    except SandboxError as err:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no isolating sandbox backend here: {err}")

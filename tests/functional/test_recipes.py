@@ -6,7 +6,6 @@ metrics run end to end; the learning curves are measured in the docs, not here."
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -22,21 +21,12 @@ RECIPES = {
 }
 
 
-def _sandbox_or_skip() -> None:
-    from posttrain.sandbox import SandboxError, SandboxPool
-
-    try:
-        SandboxPool(workers=1).close()
-    except SandboxError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no isolating sandbox backend here: {err}")
-
-
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_recipe_runs_a_step(recipe: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     if recipe == "grpo_code.yaml":
-        _sandbox_or_skip()
+        from conftest import require_sandbox
+
+        require_sandbox()
     run_dir = tmp_path / "run"
     args = [
         "grpo",
