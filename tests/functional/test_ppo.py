@@ -296,3 +296,35 @@ def test_epochs_after_the_first_reshuffle_the_minibatches_reproducibly(tokenizer
     assert sorted(order(1)) == [0, 1, 2] and order(1) == order(1)
     shuffled = {tuple(order(e)) for e in range(1, 8)}
     assert len(shuffled) > 1  # the permutation depends on the epoch
+
+
+def test_critic_epochs_train_the_critic_more_often_than_the_policy(tiny_model_dir, tmp_path):
+    """`ppo.critic_epochs=3` with `ppo_epochs=1` and 2 minibatches: 6 critic updates a step, 2 policy
+    updates once the warm-up is over; the critic's scheduler counts its own updates."""
+    from posttrain.trainers.ppo import PPOTrainer
+
+    cfg = ppo_test_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        **{"ppo.critic_epochs": 3, "ppo.ppo_epochs": 1, "ppo.updates_per_batch": 2},
+    )
+    trainer = PPOTrainer(cfg)
+    calls = {"critic": 0, "policy": 0}
+
+    def counted(name, train):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return train(*args, **kwargs)
+
+        return run
+
+    trainer.critic.train = counted("critic", trainer.critic.train)
+    trainer.policy.train = counted("policy", trainer.policy.train)
+    try:
+        assert trainer.critic_kwargs()["total_steps"] == 2 * 3 * 2
+        trainer.fit(stop_after=1)
+        assert calls == {"critic": 6, "policy": 0}  # step 1: the critic's warm-up
+        trainer.fit(stop_after=2)
+        assert calls == {"critic": 12, "policy": 2}
+    finally:
+        trainer.shutdown()

@@ -1427,6 +1427,13 @@ class PPOTrainerConfig(GRPOTrainerConfig):
         1, gt=0, description="Minibatches per PPO epoch (optimizer steps per epoch, policy and critic)."
     )
     ppo_epochs: int = Field(2, gt=0, description="Passes over each rollout batch.")
+    critic_epochs: int | None = Field(
+        None,
+        gt=0,
+        description="The critic's passes over each rollout batch (null: ppo_epochs). More than the "
+        "policy's fit the values to each batch better without taking the policy further from the one "
+        "that sampled it.",
+    )
     critic_warmup_steps: int = Field(
         5, ge=0, description="The first N steps train only the critic (the policy stays as it is)."
     )

@@ -9,9 +9,10 @@ One step:
   3. the critic's values V(s_t) of the batch; GAE over the assistant tokens (observation tokens
      skipped): λ_critic gives the value targets R = A + V, λ_actor (or VAPO's length-adaptive λ)
      the policy's advantages, whitened over the batch's assistant tokens;
-  4. `ppo_epochs` passes over the batch in `updates_per_batch` minibatches: the critic minimises the
-     clipped value loss; after `critic_warmup_steps` steps the policy also minimises the clipped
-     surrogate (GRPO's `grpo_loss` with per-token advantages, all of `loss.*`).
+  4. passes over the batch in `updates_per_batch` minibatches: the critic minimises the clipped
+     value loss for `critic_epochs` passes (default `ppo_epochs`); after `critic_warmup_steps` steps
+     the policy also minimises the clipped surrogate for `ppo_epochs` passes (GRPO's `grpo_loss`
+     with per-token advantages, all of `loss.*`).
 Everything else (generation, refits, validation, checkpoints, the loop) is GRPOTrainer's.
 """
 
@@ -109,8 +110,12 @@ class PPOTrainer(GRPOTrainer):
 
         cfg = self.cfg
         model = resolve_model(cfg.critic.model_name) if cfg.critic.model_name else self.model_path
-        steps = cfg.ppo.max_steps * cfg.ppo.ppo_epochs * cfg.ppo.updates_per_batch
+        steps = cfg.ppo.max_steps * self.critic_epochs() * cfg.ppo.updates_per_batch
         return {"model_path": model, "total_steps": steps}
+
+    def critic_epochs(self) -> int:
+        """The critic's passes over each batch: `ppo.critic_epochs`, else `ppo.ppo_epochs`."""
+        return self.cfg.ppo.critic_epochs or self.cfg.ppo.ppo_epochs
 
     def policy_optimizer_steps(self) -> int:
         """The policy steps after the critic's warm-up: epochs x minibatches per step."""
@@ -231,32 +236,37 @@ class PPOTrainer(GRPOTrainer):
         return batch.chunks(p.updates_per_batch)
 
     def train_on(self, batch: PPOBatch) -> dict[str, float]:  # type: ignore[override]
-        """`ppo_epochs` passes of `updates_per_batch` minibatches: a critic step on each, and a policy
-        step once the warm-up is over. Metrics (gradient norms included) are means over the updates;
-        the learning rates are the last update's."""
+        """Epochs of `updates_per_batch` minibatches: a critic step on each for `critic_epochs`
+        epochs, and a policy step on each for `ppo_epochs` epochs once the warm-up is over. Metrics
+        (gradient norms included) are each model's means over its updates; the learning rates are
+        the last update's."""
         p = self.cfg.ppo
         train_policy = self.policy_trains()
         if train_policy:
             self.add_logprobs(batch)
-        updates = p.ppo_epochs * len(batch.chunks(p.updates_per_batch))
+        parts = len(batch.chunks(p.updates_per_batch))
+        critic_epochs, policy_epochs = self.critic_epochs(), p.ppo_epochs if train_policy else 0
         value_fn = functools.partial(value_loss_fn, clip=self.cfg.critic.value_clip)
         metrics: dict[str, float] = {"critic/warmup": float(not train_policy)}
 
-        def add(prefix: str, values: dict[str, float]) -> None:
+        def add(prefix: str, values: dict[str, float], updates: int) -> None:
             for k, v in values.items():
                 metrics[prefix + k] = metrics.get(prefix + k, 0.0) + v / updates
 
         with self.timer("training"):
-            for epoch in range(p.ppo_epochs):
+            for epoch in range(max(critic_epochs, policy_epochs)):
                 for mb in self.epoch_minibatches(batch, epoch):
-                    out = self.critic.train(mb, value_fn, max(1.0, float(mb.loss_mask.sum())))
-                    add("critic/", {**out.loss_metrics, "grad_norm": out.grad_norm})
-                    metrics["critic/lr"] = out.lr
-                    if train_policy:
+                    if epoch < critic_epochs:
+                        out = self.critic.train(mb, value_fn, max(1.0, float(mb.loss_mask.sum())))
+                        add(
+                            "critic/", {**out.loss_metrics, "grad_norm": out.grad_norm}, critic_epochs * parts
+                        )
+                        metrics["critic/lr"] = out.lr
+                    if epoch < policy_epochs:
                         normalizer, tokens = self.normalizers(mb)
                         loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
                         out = self.policy.train(mb, loss_fn, normalizer)
-                        add("", {**out.loss_metrics, "grad_norm": out.grad_norm})
+                        add("", {**out.loss_metrics, "grad_norm": out.grad_norm}, policy_epochs * parts)
                         metrics["lr"] = out.lr
         if train_policy:
             self.policy_version += 1
