@@ -44,6 +44,7 @@ def test_humaneval_eval_through_the_cli(tiny_model_dir, tmp_path, capsys) -> Non
     # a random model writes no working code: nothing passes, and a missing block is counted as such
     assert summary["pass@1"] == 0.0 and not any(r["correct"] for r in rows)
     assert summary["env/no_code_rate"] == pytest.approx(sum(r["extracted_answer"] is None for r in rows) / 3)
+    assert summary["answer_rate"] == pytest.approx(1 - summary["env/no_code_rate"])
 
 
 def test_generated_code_tasks_eval_through_the_cli(tiny_model_dir, tmp_path) -> None:

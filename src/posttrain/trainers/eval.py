@@ -205,7 +205,8 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
         "temperature": cfg.generation.temperature,
         "top_p": cfg.generation.top_p,
         **summarize(correct, answers, cfg.sampling.k),
-        "boxed_rate": sum(r.extracted_answer is not None for r in records) / len(records),
+        # replies with an answer the environment could read: a boxed one (math), a code block (code), ...
+        "answer_rate": sum(r.extracted_answer is not None for r in records) / len(records),
         "truncation_rate": sum(r.truncated for r in records) / len(records),
         "mean_reward": sum(r.reward for r in records) / len(records),
         "mean_turns": sum(r.turns for r in records) / len(records),
