@@ -109,6 +109,25 @@ def test_critic_checkpoint_resumes_bit_exactly(tiny_model_dir, tokenizer, tmp_pa
     assert torch.equal(critic.values(second), resumed.values(second))
 
 
+def test_trained_critic_loads_from_its_checkpoint(tiny_model_dir, tokenizer, tmp_path):
+    """`load_trained_value_model` (benchmarks/critic_ceiling.py) reads back the trained critic: the
+    same values as the live one, and a clear error for a folder without its weights."""
+    from posttrain.models.critic import load_trained_value_model, token_values
+    from posttrain.models.policy import CheckpointMismatchError
+
+    batch = _batch(tokenizer, 3)
+    critic = _critic(tiny_model_dir)
+    critic.train(batch, LOSS, float(batch.loss_mask.sum()))
+    critic.save_checkpoint(str(tmp_path / "ckpt"))
+    loaded = load_trained_value_model(tmp_path / "ckpt")
+    with torch.no_grad():
+        values = token_values(loaded, batch.input_ids, batch.attention_mask)
+    assert torch.count_nonzero(values * batch.loss_mask) > 0  # trained, not the zero-initialised head
+    assert torch.allclose(values * batch.loss_mask, critic.values(batch) * batch.loss_mask, atol=1e-6)
+    with pytest.raises(CheckpointMismatchError, match="no critic weights"):
+        load_trained_value_model(tmp_path)
+
+
 def _train_rows(result):
     return [h for h in result.history if "critic/value_loss" in h]
 

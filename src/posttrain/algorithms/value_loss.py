@@ -85,6 +85,36 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1.0 - (r - v).var(unbiased=False) / var_r)
 
 
+def monte_carlo_explained_variance(
+    returns: torch.Tensor, estimates: torch.Tensor, estimate_variances: torch.Tensor
+) -> float:
+    """The explained variance of the best possible critic, from Monte-Carlo value estimates.
+
+    V*(s) = E[R | s] is what any critic can at best predict. With V̂_j a mean of K returns sampled
+    from token j's state (continuations of the same prefix by the same policy), V̂_j = V*_j + ε_j
+    with E[ε_j] = 0 and Var(ε_j) = σ²_j / K, and R_j (the episode's own return) independent of ε_j
+    given the state, so
+
+        E[Var(R − V̂)] ≈ Var(R − V*) + mean_j Var(ε_j)
+        EV* = 1 − (Var(R − V̂) − mean_j Var(ε_j)) / Var(R)
+
+    `estimate_variances` are unbiased estimates of Var(ε_j): s²_j / K, s²_j the sample variance
+    (divisor K − 1) of token j's K returns. Population variances over the tokens, in float64; 0 when
+    Var(R) = 0 or fewer than two tokens. Shapes: [N] x3 (the valid tokens) -> float.
+    """
+    r = returns.detach().to(torch.float64).flatten()
+    v = estimates.detach().to(torch.float64).flatten()
+    noise = estimate_variances.detach().to(torch.float64).flatten()
+    if not (r.numel() == v.numel() == noise.numel()):
+        raise ValueError(f"need one estimate per return: {r.numel()}, {v.numel()}, {noise.numel()}")
+    if r.numel() < 2:
+        return 0.0
+    var_r = r.var(unbiased=False)
+    if var_r == 0:
+        return 0.0
+    return float(1.0 - ((r - v).var(unbiased=False) - noise.mean()) / var_r)
+
+
 def last_token_mask(mask: torch.Tensor) -> torch.Tensor:
     """[B, T] mask of each row's last valid token (an all-zero row stays zero)."""
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)

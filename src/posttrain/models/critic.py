@@ -15,6 +15,7 @@ optimizer, the scheduler; resuming is exact.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +25,13 @@ from posttrain.data.batching import TokenBatch
 from posttrain.models.actor import ActorPolicy
 from posttrain.models.attention import use_eager_for_softcapping
 from posttrain.models.packing import packed_hidden_states
-from posttrain.models.policy import MASTER_DTYPE, Policy, TrainResult
+from posttrain.models.policy import (
+    MASTER_DTYPE,
+    CheckpointMismatchError,
+    Policy,
+    TrainResult,
+    check_weights_match,
+)
 
 
 def load_value_model(path: str, dtype: torch.dtype) -> torch.nn.Module:
@@ -45,6 +52,28 @@ def load_value_model(path: str, dtype: torch.dtype) -> torch.nn.Module:
     torch.nn.init.zeros_(model.value_head.weight)
     torch.nn.init.zeros_(model.value_head.bias)
     return model
+
+
+def load_trained_value_model(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A trained critic from a PPO checkpoint's `critic/` folder (or its `model/` inside): the decoder
+    and its value head, as saved (fp32). Raises CheckpointMismatchError when the weights do not fit."""
+    from safetensors.torch import load_file
+
+    folder = Path(checkpoint)
+    folder = folder / "model" if (folder / "model").is_dir() else folder
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointMismatchError(f"no critic weights (*.safetensors) in {folder}")
+    model = load_value_model(str(folder), dtype)
+    saved: dict[str, torch.Tensor] = {}
+    for f in files:
+        saved.update(load_file(f))
+    check_weights_match(model, saved, where=str(folder))
+    with torch.no_grad():
+        own = model.state_dict()
+        for name, tensor in saved.items():
+            own[name].copy_(tensor)
+    return model.eval()
 
 
 def token_values(
