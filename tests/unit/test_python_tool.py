@@ -33,6 +33,11 @@ def call(env: PythonToolEnvironment, code: str) -> str:
     return env.tools.call(ToolCall("python", {"code": code})).content
 
 
+def test_answer_format_is_checked_before_any_sandbox_starts() -> None:
+    with pytest.raises(ValueError, match="answer_format must be 'boxed' or 'boxed_or_last_number'"):
+        PythonToolEnvironment(answer_format="last")
+
+
 def test_cut_middle_keeps_both_ends() -> None:
     assert cut_middle("abcdef", 6) == "abcdef"
     assert cut_middle("abcdefghij", 4) == "ab\n...[6 characters cut]...\nij"

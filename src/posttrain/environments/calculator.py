@@ -131,6 +131,25 @@ def extract_answer(reply: str, answer_format: str = "boxed_or_last_number") -> s
     return numbers[-1] if numbers else None
 
 
+ANSWER_FORMATS = ("boxed", "boxed_or_last_number")
+
+
+def check_answer_format(answer_format: str) -> str:
+    """`answer_format` if it is one of ANSWER_FORMATS; raises ValueError otherwise."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be 'boxed' or 'boxed_or_last_number', got {answer_format!r}")
+    return answer_format
+
+
+def score_number_answer(reply: str, answer: Any, answer_format: str) -> tuple[float, dict[str, Any]]:
+    """1.0 when the reply's answer (`extract_answer`) equals the number `answer`, else 0.0; info
+    "extracted_answer" and "correct"."""
+    extracted = extract_answer(reply, answer_format)
+    value = _as_number(extracted) if extracted is not None else None
+    correct = value is not None and value == float(answer)
+    return float(correct), {"extracted_answer": extracted, "correct": correct}
+
+
 def product_prompt(a: int, b: int) -> str:
     """The user turn of a task."""
     return (
@@ -168,10 +187,7 @@ class CalculatorEnvironment(ToolEnvironment):
         examples: list[dict[str, Any]] | None = None,
         describe_tools: bool = True,
     ) -> None:
-        if answer_format not in ("boxed", "boxed_or_last_number"):
-            raise ValueError(
-                f"answer_format must be 'boxed' or 'boxed_or_last_number', got {answer_format!r}"
-            )
+        self.answer_format = check_answer_format(answer_format)
         super().__init__(
             ToolRegistry([calculator]),
             max_tool_calls=max_tool_calls,
@@ -182,7 +198,6 @@ class CalculatorEnvironment(ToolEnvironment):
             examples=examples,
             describe_tools=describe_tools,
         )
-        self.answer_format = answer_format
 
     def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
         """`count` products: a in 100..999, b in 10..99, drawn from `seed`."""
@@ -200,7 +215,4 @@ class CalculatorEnvironment(ToolEnvironment):
 
     def score(self, reply: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         """1.0 when the reply's answer equals metadata["answer"], else 0.0."""
-        extracted = extract_answer(reply, self.answer_format)
-        value = _as_number(extracted) if extracted is not None else None
-        correct = value is not None and value == float(metadata["answer"])
-        return float(correct), {"extracted_answer": extracted, "correct": correct}
+        return score_number_answer(reply, metadata["answer"], self.answer_format)

@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Literal
 
-from posttrain.environments.calculator import _as_number, extract_answer
+from posttrain.environments.calculator import check_answer_format, score_number_answer
 from posttrain.environments.interface import EpisodeStart, register_environment
 from posttrain.environments.tools import ToolEnvironment, ToolRegistry
 
@@ -98,6 +98,7 @@ class PythonToolEnvironment(ToolEnvironment):
         describe_tools: bool = True,
         sandbox: dict[str, Any] | None = None,
     ) -> None:
+        self.answer_format = check_answer_format(answer_format)
         self.sandbox = dict(sandbox or {})
         self._pool: Any = None
         super().__init__(
@@ -110,7 +111,6 @@ class PythonToolEnvironment(ToolEnvironment):
             examples=examples,
             describe_tools=describe_tools,
         )
-        self.answer_format = answer_format
 
     def pool(self) -> Any:
         """The sandbox pool, started on the first call."""
@@ -144,7 +144,4 @@ class PythonToolEnvironment(ToolEnvironment):
 
     def score(self, reply: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         """1.0 when the reply's answer equals metadata["answer"], else 0.0."""
-        extracted = extract_answer(reply, self.answer_format)
-        value = _as_number(extracted) if extracted is not None else None
-        correct = value is not None and value == float(metadata["answer"])
-        return float(correct), {"extracted_answer": extracted, "correct": correct}
+        return score_number_answer(reply, metadata["answer"], self.answer_format)
