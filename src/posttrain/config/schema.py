@@ -762,16 +762,21 @@ class GRPOTrainerConfig(Strict):
     )
 
 
+# The RL trainers' (grpo, ppo, distill) defaults for the policy and checkpoints: the quickstart's.
+RL_POLICY = PolicyConfig(
+    optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
+    scheduler=SchedulerConfig(name="constant", warmup_steps=0),
+    max_seq_len=128,
+    train_micro_batch_size=8,
+    logprob_batch_size=16,
+)
+RL_CHECKPOINT = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
+
+
 class GRPOConfig(Strict):
     """`posttrain grpo`."""
 
-    policy: PolicyConfig = PolicyConfig(
-        optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
-        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
-        max_seq_len=128,
-        train_micro_batch_size=8,
-        logprob_batch_size=16,
-    )
+    policy: PolicyConfig = RL_POLICY
     data: GRPODataConfig = GRPODataConfig()
     generation: GenerationConfig = GenerationConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
@@ -784,7 +789,7 @@ class GRPOConfig(Strict):
         description="The teacher of advantage.estimator=on_policy_distill (required by it, else unused).",
     )
     cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
+    checkpoint: CheckpointConfig = RL_CHECKPOINT
     logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
@@ -1286,13 +1291,7 @@ class DistillConfig(Strict):
     """`posttrain distill`: the student samples, the teacher scores its tokens (top-k), the student
     minimises the divergence on its own tokens. Default task: the GRPO quickstart's."""
 
-    policy: PolicyConfig = PolicyConfig(
-        optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
-        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
-        max_seq_len=128,
-        train_micro_batch_size=8,
-        logprob_batch_size=16,
-    )
+    policy: PolicyConfig = RL_POLICY
     teacher: TeacherConfig = TeacherConfig()
     data: GRPODataConfig = GRPODataConfig()
     generation: GenerationConfig = GenerationConfig()
@@ -1303,7 +1302,7 @@ class DistillConfig(Strict):
     )
     distill: DistillTrainerConfig = DistillTrainerConfig()
     cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
+    checkpoint: CheckpointConfig = RL_CHECKPOINT
     logging: LoggingConfig = LoggingConfig()
 
     @property
@@ -1442,13 +1441,7 @@ class PPOTrainerConfig(GRPOTrainerConfig):
 class PPOConfig(Strict):
     """`posttrain ppo`: PPO with a learned critic and GAE, on GRPO's rollouts, environments and losses."""
 
-    policy: PolicyConfig = PolicyConfig(
-        optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
-        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
-        max_seq_len=128,
-        train_micro_batch_size=8,
-        logprob_batch_size=16,
-    )
+    policy: PolicyConfig = RL_POLICY
     critic: CriticConfig = CriticConfig()
     data: GRPODataConfig = GRPODataConfig()
     generation: GenerationConfig = GenerationConfig()
@@ -1461,7 +1454,7 @@ class PPOConfig(Strict):
     )
     ppo: PPOTrainerConfig = PPOTrainerConfig()
     cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
+    checkpoint: CheckpointConfig = RL_CHECKPOINT
     logging: LoggingConfig = LoggingConfig(run_dir="runs/ppo")
 
     @property
