@@ -78,6 +78,12 @@ def kill_tree_leftovers(process: subprocess.Popen) -> None:
         process.wait(timeout=30)
 
 
+def remove_shared_files(pid: int, directory: str = "/dev/shm") -> None:
+    """Delete the shared-memory weight files of a SIGKILLed posttrain process (it could not)."""
+    for path in Path(directory).glob(f"posttrain-*-{pid}-*"):
+        path.unlink(missing_ok=True)
+
+
 def sft_args(model_dir, data, run_dir, **extra) -> list[str]:
     """A 3-step SFT run on the tiny model that saves after every step (no validation, no plots)."""
     settings = {

@@ -15,7 +15,15 @@ import os
 import signal
 
 import pytest
-from fault_helpers import complete_steps, finish, kill_tree_leftovers, ray_actor_pids, start, wait_for
+from fault_helpers import (
+    complete_steps,
+    finish,
+    kill_tree_leftovers,
+    ray_actor_pids,
+    remove_shared_files,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -60,7 +68,7 @@ def test_a_killed_worker_stops_the_run_and_the_rerun_resumes(ray_nodes, tiny_mod
     args = grpo_args(tiny_model_dir, run_dir, max_steps=len(WORKERS) + 1)
     earlier: set[int] = set()  # actor processes of earlier runs (they may still be exiting)
     for i, (class_name, worker) in enumerate(WORKERS):
-        run = start(args, RAY_ADDRESS=address)
+        run, pid = start(args, RAY_ADDRESS=address), None
         try:
             # after this run's first checkpoint (step i + 1), while it takes the next step
             wait_for(lambda i=i: complete_steps(run_dir)[-1:] == [i + 1], run, what=f"checkpoint {i + 1}")
@@ -71,6 +79,8 @@ def test_a_killed_worker_stops_the_run_and_the_rerun_resumes(ray_nodes, tiny_mod
             returncode, output = finish(run)
         finally:
             kill_tree_leftovers(run)
+            if pid is not None:
+                remove_shared_files(pid)  # a killed policy worker's weights stay in /dev/shm
         assert returncode == 2, output[-4000:]
         [error] = [line for line in output.splitlines() if line.startswith("error:")]
         latest = run_dir / "checkpoints" / f"step_{i + 1:06d}"

@@ -18,6 +18,7 @@ RECIPES = {
     "grpo_sliding_puzzle.yaml": "env/solved_rate",
     "grpo_calculator.yaml": "env/tool_call_rate",
     "grpo_code.yaml": "env/pass_rate",
+    "grpo_reasoning_gym.yaml": "env/tries_per_episode",
 }
 
 
