@@ -135,6 +135,27 @@ def test_retry_with_feedback() -> None:
     assert env.batch_metrics(results[-1])["env/tries_per_episode"] == 3.0
 
 
+def test_format_reward_is_the_least_reward_of_a_found_wrong_answer() -> None:
+    # "Calculate 5 - 3." (seed 1, size 3, entry 0): 2. Two tries, the second's reward halved.
+    env = ReasoningGymEnvironment(
+        "basic_arithmetic", answer_format="boxed", max_tries=2, retry_discount=0.5, format_reward=0.1,
+        timeout_s=None, dataset_config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                                        "operators": ["+", "-"], "allow_negation": False},
+    )  # fmt: skip
+    task = {"seed": 1, "size": 3, "index": 0}
+    assert env.entry(task, 0)["answer"] == "2"
+    [right] = start_and_reply(env, task, "\\boxed{2}")
+    assert right.rewards == [1.0] and right.info[0]["correct"] is True  # the full score, not capped
+    wrong = start_and_reply(env, task, "\\boxed{7}", "\\boxed{8}")
+    assert [r.rewards[0] for r in wrong] == [0.0, 0.1 * 0.5]  # found but wrong: 0.1, discounted once
+    assert wrong[-1].info[0]["correct"] is False and wrong[-1].info[0]["score"] == 0.0
+    assert env.batch_metrics(wrong[-1])["env/accuracy"] == 0.0
+    missing = start_and_reply(env, task, "no answer", "still none")
+    assert [r.rewards[0] for r in missing] == [0.0, 0.0]  # no answer found: nothing
+    with pytest.raises(ValueError, match="format_reward"):
+        ReasoningGymEnvironment("basic_arithmetic", format_reward=1.0, timeout_s=None)
+
+
 def test_batch_metrics() -> None:
     env = ReasoningGymEnvironment("basic_arithmetic", max_tries=2, timeout_s=None)
     starts = env.reset(env.generate_tasks(3, seed=3), [0, 0, 0])

@@ -16,7 +16,8 @@ credit, e.g. countdown 0.01 for no answer). An answer is correct when its score 
 With `max_tries > 1`, a reply that is not correct gets the verdict back as the next user turn
 ("... scored 0.05 out of 1, which is not correct. Try again ...") until it is correct or the tries
 run out. Intermediate turns have reward 0; the last turn's reward is the last try's score times
-`retry_discount ** (tries - 1)`.
+`retry_discount ** (tries - 1)`. With `format_reward`, an answer that is found but wrong earns at
+least that much (a shaping reward for the answer format; `correct` counts right answers only).
 
 Some scorers run user text through sympy (countdown), which can hang on `9**9**9`: with
 `timeout_s` (the default) scoring runs in a persistent subprocess (`TimeoutPool`) and a sample
@@ -91,6 +92,10 @@ class ReasoningGymEnvironment(PooledEnvironment):
         max_tries: answers allowed per episode (1 = single-turn).
         success_threshold: the score from which an answer counts as correct (ends the episode).
         retry_discount: the final reward is multiplied by this for every try before the last.
+        format_reward: the least reward of an answer that was found (in the answer format) but is
+            not correct, when the task's scorer gives it less (0: the scorer's score only). It
+            teaches the answer format before the model is ever right; a right answer still earns
+            the full score, and `correct` and `env/accuracy` count right answers only.
         timeout_s: limit for scoring one answer, in a subprocess; None scores in-process.
         num_procs: scoring processes.
 
@@ -107,6 +112,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
         max_tries: int = 1,
         success_threshold: float = 1.0,
         retry_discount: float = 1.0,
+        format_reward: float = 0.0,
         timeout_s: float | None = 10.0,
         num_procs: int = 1,
     ) -> None:
@@ -120,6 +126,10 @@ class ReasoningGymEnvironment(PooledEnvironment):
             raise ValueError(f"answer_format must be 'answer_tag' or 'boxed', got {answer_format!r}")
         if max_tries < 1:
             raise ValueError(f"max_tries must be >= 1, got {max_tries}")
+        if not 0.0 <= format_reward < success_threshold:
+            raise ValueError(
+                f"format_reward must be in [0, success_threshold={success_threshold}), got {format_reward}"
+            )
         self.dataset = dataset
         self.dataset_config = dict(dataset_config or {})
         self.answer_format = answer_format
@@ -133,6 +143,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
         self.max_tries = max_tries
         self.success_threshold = success_threshold
         self.retry_discount = retry_discount
+        self.format_reward = format_reward
         self.timeout_s = timeout_s
         self.num_procs = num_procs
         self._pool: TimeoutPool | None = None
@@ -205,7 +216,8 @@ class ReasoningGymEnvironment(PooledEnvironment):
             tries = meta.get("tries", 0) + 1
             correct = error is None and score >= self.success_threshold
             finished = correct or tries >= self.max_tries
-            rewards.append(score * self.retry_discount ** (tries - 1) if finished else 0.0)
+            earned = score if correct or answer is None else max(score, self.format_reward)
+            rewards.append(earned * self.retry_discount ** (tries - 1) if finished else 0.0)
             observations.append(
                 None if finished else {"role": "user", "content": self.feedback(answer, score)}
             )
