@@ -146,12 +146,24 @@ def test_format_reward_is_the_least_reward_of_a_found_wrong_answer() -> None:
     assert env.entry(task, 0)["answer"] == "2"
     [right] = start_and_reply(env, task, "\\boxed{2}")
     assert right.rewards == [1.0] and right.info[0]["correct"] is True  # the full score, not capped
-    wrong = start_and_reply(env, task, "\\boxed{7}", "\\boxed{8}")
-    assert [r.rewards[0] for r in wrong] == [0.0, 0.1 * 0.5]  # found but wrong: 0.1, discounted once
-    assert wrong[-1].info[0]["correct"] is False and wrong[-1].info[0]["score"] == 0.0
-    assert env.batch_metrics(wrong[-1])["env/accuracy"] == 0.0
-    missing = start_and_reply(env, task, "no answer", "still none")
-    assert [r.rewards[0] for r in missing] == [0.0, 0.0]  # no answer found: nothing
+    one_try = ReasoningGymEnvironment(
+        "basic_arithmetic", answer_format="boxed", format_reward=0.1, timeout_s=None,
+        dataset_config=env.dataset_config,
+    )  # fmt: skip
+    [wrong] = start_and_reply(one_try, task, "\\boxed{7}")
+    assert wrong.rewards == [0.1]  # found but wrong on the first try: the format reward
+    assert wrong.info[0]["correct"] is False and wrong.info[0]["score"] == 0.0
+    assert one_try.batch_metrics(wrong)["env/accuracy"] == 0.0
+    for blank in ("\\boxed{}", "\\boxed{ }", "no answer"):
+        assert start_and_reply(one_try, task, blank)[0].rewards == [0.0]
+    # a retry gets no format reward: the feedback shows "\\boxed{your answer}", and a policy learned
+    # to copy it (recipe run, step 20: every second try was that copy, rewarded 0.1 x 0.5)
+    copied = start_and_reply(env, task, "I think 7", "\\boxed{your answer}")
+    assert "\\boxed{your answer}" in copied[0].observations[0]["content"]
+    assert [r.rewards[0] for r in copied] == [0.0, 0.0]
+    # with retries the first try's turn earns the format reward and the episode goes on
+    assert [r.rewards[0] for r in start_and_reply(env, task, "\\boxed{7}", "\\boxed{2}")] == [0.1, 0.5]
+    assert [r.rewards[0] for r in start_and_reply(env, task, "\\boxed{7}", "\\boxed{8}")] == [0.1, 0.0]
     with pytest.raises(ValueError, match="format_reward"):
         ReasoningGymEnvironment("basic_arithmetic", format_reward=1.0, timeout_s=None)
 

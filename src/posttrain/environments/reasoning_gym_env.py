@@ -16,8 +16,9 @@ credit, e.g. countdown 0.01 for no answer). An answer is correct when its score 
 With `max_tries > 1`, a reply that is not correct gets the verdict back as the next user turn
 ("... scored 0.05 out of 1, which is not correct. Try again ...") until it is correct or the tries
 run out. Intermediate turns have reward 0; the last turn's reward is the last try's score times
-`retry_discount ** (tries - 1)`. With `format_reward`, an answer that is found but wrong earns at
-least that much (a shaping reward for the answer format; `correct` counts right answers only).
+`retry_discount ** (tries - 1)`. With `format_reward`, the first try's turn earns at least that much
+when its answer is found but wrong (a shaping reward for the answer format; `correct` counts right
+answers only).
 
 Some scorers run user text through sympy (countdown), which can hang on `9**9**9`: with
 `timeout_s` (the default) scoring runs in a persistent subprocess (`TimeoutPool`) and a sample
@@ -92,10 +93,12 @@ class ReasoningGymEnvironment(PooledEnvironment):
         max_tries: answers allowed per episode (1 = single-turn).
         success_threshold: the score from which an answer counts as correct (ends the episode).
         retry_discount: the final reward is multiplied by this for every try before the last.
-        format_reward: the least reward of an answer that was found (in the answer format) but is
-            not correct, when the task's scorer gives it less (0: the scorer's score only). It
-            teaches the answer format before the model is ever right; a right answer still earns
-            the full score, and `correct` and `env/accuracy` count right answers only.
+        format_reward: the least reward of the first try's turn when its answer is found (in the
+            answer format, not blank) but not correct (0: off). It teaches the answer format
+            before the model is ever right; with retries it is that turn's reward and the episode
+            goes on. A right answer still earns the full score; `correct` and `env/accuracy` count
+            right answers only. Later tries get none: the feedback turn shows the format
+            ("\\boxed{your answer}"), and a policy learned to copy it for the format reward.
         timeout_s: limit for scoring one answer, in a subprocess; None scores in-process.
         num_procs: scoring processes.
 
@@ -216,8 +219,10 @@ class ReasoningGymEnvironment(PooledEnvironment):
             tries = meta.get("tries", 0) + 1
             correct = error is None and score >= self.success_threshold
             finished = correct or tries >= self.max_tries
-            earned = score if correct or answer is None else max(score, self.format_reward)
-            rewards.append(earned * self.retry_discount ** (tries - 1) if finished else 0.0)
+            reward = score * self.retry_discount ** (tries - 1) if finished else 0.0
+            if tries == 1 and not correct and answer is not None and answer.strip():
+                reward = max(reward, self.format_reward)
+            rewards.append(reward)
             observations.append(
                 None if finished else {"role": "user", "content": self.feedback(answer, score)}
             )
