@@ -190,7 +190,10 @@ def test_batch_metrics() -> None:
 
 @pytest.mark.parametrize("timeout_s", [None, 30.0])
 def test_a_scorer_that_raises_scores_zero(timeout_s: float | None) -> None:
-    env = ReasoningGymEnvironment("mini_sudoku", answer_format="boxed", timeout_s=timeout_s)
+    # with a format reward too: an answer the scorer failed on is not a "found but wrong" answer
+    env = ReasoningGymEnvironment(
+        "mini_sudoku", answer_format="boxed", timeout_s=timeout_s, format_reward=0.1
+    )
     try:
         # a row that lost its metadata: mini_sudoku's scorer reads metadata["solution"] and raises
         broken = {"question": "Solve it", "answer": MINI_SUDOKU_SOLUTION, "metadata": {}}

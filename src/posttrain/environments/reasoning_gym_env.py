@@ -94,7 +94,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
         success_threshold: the score from which an answer counts as correct (ends the episode).
         retry_discount: the final reward is multiplied by this for every try before the last.
         format_reward: the least reward of the first try's turn when its answer is found (in the
-            answer format, not blank) but not correct (0: off). It teaches the answer format
+            answer format, not blank, scored without error) but not correct (0: off). It teaches the answer format
             before the model is ever right; with retries it is that turn's reward and the episode
             goes on. A right answer still earns the full score; `correct` and `env/accuracy` count
             right answers only. Later tries get none: the feedback turn shows the format
@@ -220,7 +220,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
             correct = error is None and score >= self.success_threshold
             finished = correct or tries >= self.max_tries
             reward = score * self.retry_discount ** (tries - 1) if finished else 0.0
-            if tries == 1 and not correct and answer is not None and answer.strip():
+            if tries == 1 and not correct and error is None and answer is not None and answer.strip():
                 reward = max(reward, self.format_reward)
             rewards.append(reward)
             observations.append(
