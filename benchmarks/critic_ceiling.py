@@ -25,6 +25,7 @@ continuations (32 × ~12 × 16 ≈ 6 000 short generations of SmolLM2-135M: minu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -34,6 +35,8 @@ import torch
 from posttrain.algorithms.value_loss import explained_variance, monte_carlo_explained_variance
 from posttrain.config import load_config
 from posttrain.config.schema import PPOConfig
+from posttrain.data.batching import collate
+from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.interface import make_environment
 from posttrain.generation.sampling import SamplingParams, hf_generate
 from posttrain.models.critic import load_trained_value_model, token_values
@@ -70,9 +73,7 @@ def monte_carlo_values(policy, tokenizer, environment, starts, prompts, replies,
     noise = [[0.0] * len(r) for r in replies]
     for t in range(max(len(r) for r in replies)):
         rows = [i for i, r in enumerate(replies) if len(r) > t]
-        budget = SamplingParams(
-            **{**params.__dict__, "max_new_tokens": params.max_new_tokens - t, "seed": 1000 + t}
-        )
+        budget = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - t, seed=1000 + t)
         prefixes = [prompts[i] + replies[i][:t] for i in rows for _ in range(k)]
         out = hf_generate(policy, tokenizer, prefixes, budget, batch_size=16 * k)
         texts = [
@@ -93,14 +94,9 @@ def critic_values(
 ) -> list[list[float]]:
     """V(s_t) of every reply token (the value head read at the token before it)."""
     rows = [p + r for p, r in zip(prompts, replies, strict=True)]
-    width = max(len(row) for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
+    batch = collate([TokenizedExample(row, [1] * len(row)) for row in rows], pad_id)
     with torch.no_grad():
-        values = token_values(critic, ids, mask, packed=False)
+        values = token_values(critic, batch.input_ids, batch.attention_mask, packed=False)
     return [
         values[i, len(p) : len(p) + len(r)].tolist()
         for i, (p, r) in enumerate(zip(prompts, replies, strict=True))

@@ -78,10 +78,13 @@ def kill_tree_leftovers(process: subprocess.Popen) -> None:
         process.wait(timeout=30)
 
 
-def remove_shared_files(pid: int, directory: str = "/dev/shm") -> None:
+def remove_shared_files(pid: int) -> None:
     """Delete the shared-memory weight files of a SIGKILLed posttrain process (it could not)."""
-    for path in Path(directory).glob(f"posttrain-*-{pid}-*"):
-        path.unlink(missing_ok=True)
+    from posttrain.generation.refit import stale_shared_files
+
+    for path in stale_shared_files():
+        if Path(path).name.split("-")[2] == str(pid):
+            Path(path).unlink(missing_ok=True)
 
 
 def sft_args(model_dir, data, run_dir, **extra) -> list[str]:

@@ -27,10 +27,11 @@ from posttrain.models.attention import use_eager_for_softcapping
 from posttrain.models.packing import packed_hidden_states
 from posttrain.models.policy import (
     MASTER_DTYPE,
-    CheckpointMismatchError,
     Policy,
     TrainResult,
     check_weights_match,
+    copy_into,
+    read_safetensors,
 )
 
 
@@ -56,23 +57,14 @@ def load_value_model(path: str, dtype: torch.dtype) -> torch.nn.Module:
 
 def load_trained_value_model(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A trained critic from a PPO checkpoint's `critic/` folder (or its `model/` inside): the decoder
-    and its value head, as saved (fp32). Raises CheckpointMismatchError when the weights do not fit."""
-    from safetensors.torch import load_file
-
+    and its value head, as saved (fp32). Raises CheckpointMismatchError when the weights are missing
+    or do not fit."""
     folder = Path(checkpoint)
     folder = folder / "model" if (folder / "model").is_dir() else folder
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise CheckpointMismatchError(f"no critic weights (*.safetensors) in {folder}")
+    saved = read_safetensors(folder, what="critic")
     model = load_value_model(str(folder), dtype)
-    saved: dict[str, torch.Tensor] = {}
-    for f in files:
-        saved.update(load_file(f))
     check_weights_match(model, saved, where=str(folder))
-    with torch.no_grad():
-        own = model.state_dict()
-        for name, tensor in saved.items():
-            own[name].copy_(tensor)
+    copy_into(model, saved)
     return model.eval()
 
 

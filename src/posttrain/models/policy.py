@@ -391,19 +391,12 @@ class Policy:
             _set_rng_state(torch.load(rng_file, weights_only=False))
 
     def _load_model_weights(self, model_dir: Path) -> None:
-        from safetensors.torch import load_file
-
         if self.lora:
             from posttrain.models.lora import load_adapter
 
             self._copy_into_model(load_adapter(self.model, model_dir))
             return
-        files = sorted(model_dir.glob("*.safetensors"))
-        if not files:
-            raise CheckpointMismatchError(f"no model weights (*.safetensors) in {model_dir}")
-        saved: dict[str, torch.Tensor] = {}
-        for f in files:
-            saved.update(load_file(f))
+        saved = read_safetensors(model_dir)
         if not self.sharded:
             check_weights_match(self.model, saved, where=str(model_dir))
         self._copy_into_model(saved)
@@ -415,10 +408,29 @@ class Policy:
 
             load_full_model_state(self.model, saved)
             return
-        with torch.no_grad():
-            own = self.model.state_dict()
-            for name, tensor in saved.items():
-                own[name].copy_(tensor)
+        copy_into(self.model, saved)
+
+
+def read_safetensors(model_dir: Path, what: str = "model") -> dict[str, torch.Tensor]:
+    """Every tensor of the *.safetensors files in `model_dir`; CheckpointMismatchError ("no {what}
+    weights") when there are none."""
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointMismatchError(f"no {what} weights (*.safetensors) in {model_dir}")
+    saved: dict[str, torch.Tensor] = {}
+    for f in files:
+        saved.update(load_file(f))
+    return saved
+
+
+def copy_into(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Copy full tensors by state-dict name into an unsharded model, in place."""
+    with torch.no_grad():
+        own = model.state_dict()
+        for name, tensor in saved.items():
+            own[name].copy_(tensor)
 
 
 def full_tensor(p: torch.Tensor) -> torch.Tensor:
