@@ -274,13 +274,15 @@ def _checkpoint_tensors(directory) -> dict[str, torch.Tensor]:
 
 def test_ppo_resumed_run_equals_the_uninterrupted_one(tiny_model_dir, tmp_path):
     """2 steps in one go and 1 + 1 with a resume between give the same critic and policy, bit for bit
-    (weights and AdamW state): the checkpoint holds everything the critic's next step depends on."""
+    (weights and AdamW state): the checkpoint holds everything the critic's next step depends on,
+    its value replay included."""
     from posttrain.trainers.ppo import run_ppo
 
     extra = {
         "data.validation": "null",
         "ppo.critic_warmup_steps": 1,
         "ppo.updates_per_batch": 2,  # 2 minibatches, reshuffled in the second epoch
+        "ppo.critic_replay_batches": 1,  # step 2's critic replays step 1's batch: saved and restored
         "checkpoint.save_every": 1,
     }
     straight = run_ppo(ppo_test_config(tiny_model_dir, tmp_path / "straight", **extra))
@@ -345,5 +347,55 @@ def test_critic_epochs_train_the_critic_more_often_than_the_policy(tiny_model_di
         assert calls == {"critic": 6, "policy": 0}  # step 1: the critic's warm-up
         trainer.fit(stop_after=2)
         assert calls == {"critic": 12, "policy": 2}
+    finally:
+        trainer.shutdown()
+
+
+def test_value_replay_trains_the_critic_on_the_last_batch_too(tiny_model_dir, tmp_path):
+    """`ppo.critic_replay_batches=1`, one epoch of 2 minibatches a batch: step 1's critic trains on its
+    own 4 rows (2 updates), step 2's on its 4 and step 1's 4 shuffled together (4 updates). The
+    replayed rows keep step 1's returns as targets; their V_old is the critic's after step 1."""
+    from posttrain.trainers.ppo import PPOTrainer
+
+    cfg = ppo_test_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        **{"ppo.critic_replay_batches": 1, "ppo.ppo_epochs": 1, "ppo.updates_per_batch": 2},
+    )
+    trainer = PPOTrainer(cfg)
+    seen: list[PPOBatch] = []
+    train = trainer.critic.train
+
+    def recorded(mb, *args, **kwargs):
+        seen.append(mb)
+        return train(mb, *args, **kwargs)
+
+    trainer.critic.train = recorded
+
+    def rows(batch):
+        return {
+            tuple(batch.input_ids[i][batch.attention_mask[i].bool()].tolist()): i for i in range(len(batch))
+        }
+
+    try:
+        assert trainer.critic_kwargs()["total_steps"] == 2 * 1 * 2 * 2
+        trainer.fit(stop_after=1)
+        assert len(seen) == 2 and len(trainer.value_replay) == 1
+        stored = trainer.value_replay[0]
+        assert stored.values is None and stored.returns is not None
+        v_old = trainer.critic.values(stored)  # the critic after step 1
+        trainer.fit(stop_after=2)
+        assert len(seen) == 2 + 4 and all(len(mb) == 2 for mb in seen[2:])
+        replayed = rows(stored)
+        matched = 0
+        for mb in seen[2:]:
+            for key, i in rows(mb).items():
+                if key in replayed:
+                    j, n = replayed[key], len(key)
+                    assert torch.equal(mb.returns[i, :n], stored.returns[j, :n])
+                    torch.testing.assert_close(mb.values[i, :n], v_old[j, :n], atol=1e-5, rtol=1e-5)
+                    matched += 1
+        assert matched == len(stored) == 4
+        assert len(trainer.value_replay) == 1 and not rows(trainer.value_replay[0]).keys() & replayed.keys()
     finally:
         trainer.shutdown()

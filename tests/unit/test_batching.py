@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from posttrain.data.batching import EpochSampler, collate
+from posttrain.data.batching import EpochSampler, collate, concat_batches
 from posttrain.data.tokenize import TokenizedExample
 
 
@@ -48,3 +48,18 @@ def test_reorder_moves_every_tensor_field_together():
     assert torch.equal(out.attention_mask, batch.attention_mask[[2, 0, 1]])
     with pytest.raises(ValueError, match="permutation"):
         batch.reorder([0, 0, 1])
+
+
+def test_concat_batches_pads_every_token_field_to_the_longest():
+    from posttrain.rollout.rollout import RLBatch
+
+    a = RLBatch(**vars(collate(_examples([2, 1]), pad_id=9)), advantages=torch.tensor([0.5, -1.0]))
+    b = RLBatch(**vars(collate(_examples([3]), pad_id=9)), advantages=torch.tensor([2.0]))
+    out = concat_batches([a, b], pad_id=9)
+    assert type(out) is RLBatch
+    assert out.input_ids.tolist() == [[1, 2, 9], [1, 9, 9], [1, 2, 3]]
+    assert out.attention_mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
+    assert out.loss_mask.tolist() == [[0, 1, 0], [0, 0, 0], [0, 1, 1]]
+    assert out.advantages.tolist() == [0.5, -1.0, 2.0] and out.old_logprobs is None
+    with pytest.raises(ValueError, match="'advantages' is set in some batches only"):
+        concat_batches([a, RLBatch(**vars(collate(_examples([3]))))])

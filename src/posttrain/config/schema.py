@@ -1436,6 +1436,14 @@ class PPOTrainerConfig(GRPOTrainerConfig):
     critic_warmup_steps: int = Field(
         5, ge=0, description="The first N steps train only the critic (the policy stays as it is)."
     )
+    critic_replay_batches: int = Field(
+        0,
+        ge=0,
+        description="The critic also trains on the last N rollout batches (value replay: more samples "
+        "per update rather than more passes over one batch). Their stored returns are the targets; the "
+        "clipped loss's V_old is recomputed by the current critic. Each critic epoch then has "
+        "updates_per_batch x (1 + replayed batches) minibatches, shuffled together.",
+    )
 
 
 class PPOConfig(Strict):

@@ -78,6 +78,26 @@ class TokenBatch:
             yield self.select(start, min(start + size, len(self)))
 
 
+def concat_batches(batches: Sequence[TokenBatch], pad_id: int = 0) -> TokenBatch:
+    """The rows of `batches` (all of one class, the same fields set) in order, every [B, T] tensor
+    right-padded to the longest T: `input_ids` with `pad_id`, every other field with 0."""
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch")
+    length = max(b.input_ids.shape[1] for b in batches)
+    updates = {}
+    for field in dataclasses.fields(batches[0]):
+        values = [getattr(b, field.name) for b in batches]
+        if all(v is None for v in values):
+            continue
+        if any(not isinstance(v, torch.Tensor) for v in values):
+            raise ValueError(f"concat_batches: field {field.name!r} is set in some batches only")
+        if values[0].dim() == 2:
+            fill = pad_id if field.name == "input_ids" else 0
+            values = [torch.nn.functional.pad(v, (0, length - v.shape[1]), value=fill) for v in values]
+        updates[field.name] = torch.cat(values)
+    return dataclasses.replace(batches[0], **updates)
+
+
 def collate(examples: Sequence[TokenizedExample], pad_id: int = 0) -> TokenBatch:
     length = max(len(e) for e in examples)
     input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)

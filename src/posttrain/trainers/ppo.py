@@ -10,14 +10,17 @@ One step:
      skipped): λ_critic gives the value targets R = A + V, λ_actor (or VAPO's length-adaptive λ)
      the policy's advantages, whitened over the batch's assistant tokens;
   4. passes over the batch in `updates_per_batch` minibatches: the critic minimises the clipped
-     value loss for `critic_epochs` passes (default `ppo_epochs`); after `critic_warmup_steps` steps
-     the policy also minimises the clipped surrogate for `ppo_epochs` passes (GRPO's `grpo_loss`
+     value loss for `critic_epochs` passes (default `ppo_epochs`), on this batch and the last
+     `critic_replay_batches` ones (value replay); after `critic_warmup_steps` steps the policy also
+     minimises the clipped surrogate for `ppo_epochs` passes over this batch (GRPO's `grpo_loss`
      with per-token advantages, all of `loss.*`).
 Everything else (generation, refits, validation, checkpoints, the loop) is GRPOTrainer's.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,7 @@ from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, tok
 from posttrain.algorithms.policy_loss import kl_estimate
 from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 from posttrain.config.schema import PPOConfig
+from posttrain.data.batching import concat_batches
 from posttrain.distributed.critic_group import (
     ColocatedCritic,
     PPOActorGroup,
@@ -71,6 +75,13 @@ def value_loss_fn(
     )
 
 
+def value_targets(batch: PPOBatch) -> PPOBatch:
+    """The critic's side of a batch: its tokens, masks, `values` and `returns` (nothing of the policy's)."""
+    return PPOBatch(
+        batch.input_ids, batch.attention_mask, batch.loss_mask, values=batch.values, returns=batch.returns
+    )
+
+
 def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     """(mean, population std) of x over mask = 1 (0, 0 when empty)."""
     selected = x.detach().double()[mask.bool()]
@@ -89,6 +100,10 @@ class PPOTrainer(GRPOTrainer):
     def __init__(self, cfg: PPOConfig) -> None:
         self.current_step = 0
         super().__init__(cfg)  # type: ignore[arg-type]
+        # value replay: the critic's side of the last `ppo.critic_replay_batches` batches (returns, no values)
+        self.value_replay: collections.deque[PPOBatch] = collections.deque(
+            maxlen=cfg.ppo.critic_replay_batches
+        )
         self.critic: SplitCritic | ColocatedCritic = (
             ColocatedCritic(self.policy)  # type: ignore[arg-type]
             if cfg.critic.placement == "colocated"
@@ -110,7 +125,8 @@ class PPOTrainer(GRPOTrainer):
 
         cfg = self.cfg
         model = resolve_model(cfg.critic.model_name) if cfg.critic.model_name else self.model_path
-        steps = cfg.ppo.max_steps * self.critic_epochs() * cfg.ppo.updates_per_batch
+        updates = self.critic_epochs() * cfg.ppo.updates_per_batch * (1 + cfg.ppo.critic_replay_batches)
+        steps = cfg.ppo.max_steps * updates
         return {"model_path": model, "total_steps": steps}
 
     def critic_epochs(self) -> int:
@@ -224,50 +240,80 @@ class PPOTrainer(GRPOTrainer):
         """False during the critic's warm-up (the first `ppo.critic_warmup_steps` steps)."""
         return self.current_step >= self.cfg.ppo.critic_warmup_steps
 
-    def epoch_minibatches(self, batch: PPOBatch, epoch: int) -> list[PPOBatch]:
-        """The minibatches of one PPO epoch: `updates_per_batch` contiguous pieces of the batch, its
-        rows reshuffled for every epoch after the first (a permutation seeded by (seed, step, epoch),
-        so a resumed run draws the same ones). With one minibatch the order changes nothing."""
+    def epoch_minibatches(
+        self, batch: PPOBatch, epoch: int, parts: int | None = None, *, shuffle_first: bool = False
+    ) -> list[PPOBatch]:
+        """The minibatches of one PPO epoch: `parts` (default `updates_per_batch`) contiguous pieces of
+        the batch, its rows reshuffled for every epoch after the first (and the first too with
+        `shuffle_first`): a permutation seeded by (seed, step, epoch), so a resumed run draws the same
+        ones. With one minibatch the order changes nothing."""
         p = self.cfg.ppo
-        if epoch > 0 and p.updates_per_batch > 1:
+        parts = parts or p.updates_per_batch
+        if (epoch > 0 or shuffle_first) and parts > 1:
             seed = p.seed * 1_000_003 + self.current_step * 101 + epoch
             order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed)).tolist()
             batch = batch.reorder(order)
-        return batch.chunks(p.updates_per_batch)
+        return batch.chunks(parts)
+
+    def critic_data(self, batch: PPOBatch) -> tuple[PPOBatch, int]:
+        """The critic's training rows this step and their number of batches: this batch, then the
+        replayed ones, whose V_old (the clipped loss's anchor) the current critic recomputes; their
+        returns stay those computed when they were collected."""
+        own = value_targets(batch)
+        if not self.value_replay:
+            return own, 1
+        pad = self.tokenizer.pad_token_id
+        replayed = concat_batches(list(self.value_replay), pad)
+        with self.timer("replay_values"):
+            replayed.values = self.critic.values(replayed)
+        return concat_batches([own, replayed], pad), 1 + len(self.value_replay)  # type: ignore[return-value]
+
+    def train_critic(self, batch: PPOBatch) -> dict[str, float]:
+        """`critic_epochs` passes over the critic's data in `updates_per_batch` minibatches per batch;
+        metrics are means over the updates, the learning rate the last one's. Then the batch joins
+        the value replay."""
+        data, batches = self.critic_data(batch)
+        epochs, parts = self.critic_epochs(), self.cfg.ppo.updates_per_batch * batches
+        value_fn = functools.partial(value_loss_fn, clip=self.cfg.critic.value_clip)
+        metrics: dict[str, float] = {}
+        for epoch in range(epochs):
+            for mb in self.epoch_minibatches(data, epoch, parts, shuffle_first=batches > 1):
+                out = self.critic.train(mb, value_fn, max(1.0, float(mb.loss_mask.sum())))
+                for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
+                    metrics["critic/" + k] = metrics.get("critic/" + k, 0.0) + v / (epochs * parts)
+                metrics["critic/lr"] = out.lr
+        if self.value_replay.maxlen:
+            self.value_replay.appendleft(dataclasses.replace(value_targets(batch), values=None))
+            metrics["critic/replayed_batches"] = float(batches - 1)
+        return metrics
+
+    def train_policy(self, batch: PPOBatch) -> dict[str, float]:
+        """`ppo_epochs` passes over the batch in `updates_per_batch` minibatches: a policy step on the
+        clipped surrogate with per-token advantages on each; metrics are means over the updates."""
+        p = self.cfg.ppo
+        parts = len(batch.chunks(p.updates_per_batch))
+        metrics: dict[str, float] = {}
+        for epoch in range(p.ppo_epochs):
+            for mb in self.epoch_minibatches(batch, epoch):
+                normalizer, tokens = self.normalizers(mb)
+                loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
+                out = self.policy.train(mb, loss_fn, normalizer)
+                for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
+                    metrics[k] = metrics.get(k, 0.0) + v / (p.ppo_epochs * parts)
+                metrics["lr"] = out.lr
+        return metrics
 
     def train_on(self, batch: PPOBatch) -> dict[str, float]:  # type: ignore[override]
-        """Epochs of `updates_per_batch` minibatches: a critic step on each for `critic_epochs`
-        epochs, and a policy step on each for `ppo_epochs` epochs once the warm-up is over. Metrics
-        (gradient norms included) are each model's means over its updates; the learning rates are
-        the last update's."""
-        p = self.cfg.ppo
+        """The critic's epochs, then, once the warm-up is over, the policy's (the two models are
+        independent: the advantages were computed from the values before either trains)."""
         train_policy = self.policy_trains()
-        if train_policy:
-            self.add_logprobs(batch)
-        parts = len(batch.chunks(p.updates_per_batch))
-        critic_epochs, policy_epochs = self.critic_epochs(), p.ppo_epochs if train_policy else 0
-        value_fn = functools.partial(value_loss_fn, clip=self.cfg.critic.value_clip)
         metrics: dict[str, float] = {"critic/warmup": float(not train_policy)}
-
-        def add(prefix: str, values: dict[str, float], updates: int) -> None:
-            for k, v in values.items():
-                metrics[prefix + k] = metrics.get(prefix + k, 0.0) + v / updates
-
+        if train_policy:
+            self.add_logprobs(batch)  # π_old before any update
         with self.timer("training"):
-            for epoch in range(max(critic_epochs, policy_epochs)):
-                for mb in self.epoch_minibatches(batch, epoch):
-                    if epoch < critic_epochs:
-                        out = self.critic.train(mb, value_fn, max(1.0, float(mb.loss_mask.sum())))
-                        add(
-                            "critic/", {**out.loss_metrics, "grad_norm": out.grad_norm}, critic_epochs * parts
-                        )
-                        metrics["critic/lr"] = out.lr
-                    if epoch < policy_epochs:
-                        normalizer, tokens = self.normalizers(mb)
-                        loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
-                        out = self.policy.train(mb, loss_fn, normalizer)
-                        add("", {**out.loss_metrics, "grad_norm": out.grad_norm}, policy_epochs * parts)
-                        metrics["lr"] = out.lr
+            metrics.update(self.train_critic(batch))
+            if train_policy:
+                metrics.update(self.train_policy(batch))
         if train_policy:
             self.policy_version += 1
             metrics.update(self.refit())
@@ -280,6 +326,10 @@ class PPOTrainer(GRPOTrainer):
         def write(directory: Path) -> None:
             self.policy.save_checkpoint(directory)
             self.critic.save_checkpoint(directory / "critic")
+            if self.value_replay.maxlen:
+                torch.save(
+                    [vars(value_targets(b)) for b in self.value_replay], directory / "critic_replay.pt"
+                )
             self.tokenizer.save_pretrained(directory / "model")
             state = {"sampler": self.sampler.state_dict(), "next_group_id": self.next_group_id}
             save_controller_state(directory, step, state, self.cfg)
@@ -288,6 +338,11 @@ class PPOTrainer(GRPOTrainer):
 
     def restore(self, checkpoint: Path) -> int:
         self.critic.load_checkpoint(checkpoint / "critic")
+        self.value_replay.clear()
+        if self.value_replay.maxlen:
+            replay = checkpoint / "critic_replay.pt"
+            saved = torch.load(replay, weights_only=True) if replay.exists() else []
+            self.value_replay.extend(PPOBatch(**fields) for fields in saved)
         step = super().restore(checkpoint)
         self.current_step = step
         return step
