@@ -67,6 +67,31 @@ def score(environment, starts, replies: list[str]) -> list[float]:
     return list(environment.step(logs, [dict(s.metadata) for s in starts]).rewards)
 
 
+def sample_episodes(cfg: PPOConfig, tokenizer, policy, environment, episodes: int, seed: int):
+    """One reply of `policy` (the config's sampling) to each of `episodes` training tasks picked by
+    `seed`, and its reward: (starts, prompt ids, reply ids, rewards, sampling params)."""
+    tasks = load_tasks(
+        cfg.data.train,
+        cfg.environment,
+        prompt_template=cfg.data.prompt_template,
+        system_prompt=cfg.data.system_prompt,
+        tokenizer=tokenizer,
+        max_prompt_len=cfg.policy.max_seq_len - cfg.generation.max_new_tokens,
+    )
+    pick = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed))[:episodes]
+    starts = start_episodes(environment, [tasks[i] for i in pick.tolist()], [seed] * len(pick))
+    if any(s.response_prefix or s.tools for s in starts):
+        raise SystemExit("environments with a response prefix or tools are not supported")
+    prompts = [prompt_ids_of(tokenizer, s) for s in starts]
+    g = cfg.generation
+    params = SamplingParams(
+        temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, max_new_tokens=g.max_new_tokens, seed=seed
+    )
+    replies = hf_generate(policy, tokenizer, prompts, params).token_ids
+    rewards = score(environment, starts, [tokenizer.decode(r, skip_special_tokens=True) for r in replies])
+    return starts, prompts, replies, rewards, params
+
+
 def monte_carlo_values(policy, tokenizer, environment, starts, prompts, replies, params, k: int):
     """Per reply, per token t: (mean, variance of the mean) of k rewards of continuations of reply[:t]."""
     means = [[0.0] * len(r) for r in replies]
@@ -133,29 +158,9 @@ def main() -> None:
     critic = load_trained_value_model(checkpoint / "critic")
     environment = make_environment(cfg.environment.name, **cfg.environment.kwargs)
     try:
-        tasks = load_tasks(
-            cfg.data.train,
-            cfg.environment,
-            prompt_template=cfg.data.prompt_template,
-            system_prompt=cfg.data.system_prompt,
-            tokenizer=tokenizer,
-            max_prompt_len=cfg.policy.max_seq_len - cfg.generation.max_new_tokens,
+        starts, prompts, replies, rewards, params = sample_episodes(
+            cfg, tokenizer, policy, environment, args.episodes, args.seed
         )
-        pick = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(args.seed))[: args.episodes]
-        starts = start_episodes(environment, [tasks[i] for i in pick.tolist()], [args.seed] * len(pick))
-        if any(s.response_prefix or s.tools for s in starts):
-            raise SystemExit("critic_ceiling: environments with a response prefix or tools are not supported")
-        prompts = [prompt_ids_of(tokenizer, s) for s in starts]
-        g = cfg.generation
-        params = SamplingParams(
-            temperature=g.temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            max_new_tokens=g.max_new_tokens,
-            seed=args.seed,
-        )
-        replies = hf_generate(policy, tokenizer, prompts, params).token_ids
-        rewards = score(environment, starts, [tokenizer.decode(r, skip_special_tokens=True) for r in replies])
         values = critic_values(critic, prompts, replies, tokenizer.pad_token_id)
         v_star, noise = monte_carlo_values(
             policy, tokenizer, environment, starts, prompts, replies, params, args.k
