@@ -82,6 +82,8 @@ def main() -> None:
     cfg = load_config(PPOConfig, args.config, args.overrides)
     check_returns_are_rewards(cfg)
     checkpoint = Path(args.checkpoint)
+    if not (checkpoint / "model").is_dir():
+        raise SystemExit(f"critic_probe: {checkpoint} has no model/ folder (a step_* folder of a run)")
     began = time.perf_counter()
 
     from transformers import AutoModelForCausalLM
