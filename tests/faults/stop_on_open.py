@@ -27,5 +27,9 @@ def _stop_when_opening(event: str, args: tuple) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C as from a terminal, even when the test suite runs as a background job: a shell without
+    # job control starts those with SIGINT ignored, the children inherit it and Python then installs
+    # no KeyboardInterrupt handler (the SIGINT test failed that way under `nohup bash .ci/run &`).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.addaudithook(_stop_when_opening)
     sys.exit(main(sys.argv[1:]))
