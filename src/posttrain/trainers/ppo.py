@@ -82,6 +82,14 @@ def value_targets(batch: PPOBatch) -> PPOBatch:
     )
 
 
+def add_mean(metrics: dict[str, float], out: Any, updates: int, prefix: str = "") -> None:
+    """Add one update's loss metrics and gradient norm to `metrics` as a share of the mean over
+    `updates` updates; the learning rate is the latest update's."""
+    for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
+        metrics[prefix + k] = metrics.get(prefix + k, 0.0) + v / updates
+    metrics[prefix + "lr"] = out.lr
+
+
 def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     """(mean, population std) of x over mask = 1 (0, 0 when empty)."""
     selected = x.detach().double()[mask.bool()]
@@ -274,14 +282,13 @@ class PPOTrainer(GRPOTrainer):
         the value replay."""
         data, batches = self.critic_data(batch)
         epochs, parts = self.critic_epochs(), self.cfg.ppo.updates_per_batch * batches
+        updates = epochs * min(parts, len(data))  # `chunks` makes no empty minibatch
         value_fn = functools.partial(value_loss_fn, clip=self.cfg.critic.value_clip)
         metrics: dict[str, float] = {}
         for epoch in range(epochs):
             for mb in self.epoch_minibatches(data, epoch, parts, shuffle_first=batches > 1):
                 out = self.critic.train(mb, value_fn, max(1.0, float(mb.loss_mask.sum())))
-                for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
-                    metrics["critic/" + k] = metrics.get("critic/" + k, 0.0) + v / (epochs * parts)
-                metrics["critic/lr"] = out.lr
+                add_mean(metrics, out, updates, prefix="critic/")
         if self.value_replay.maxlen:
             self.value_replay.appendleft(dataclasses.replace(value_targets(batch), values=None))
             metrics["critic/replayed_batches"] = float(batches - 1)
@@ -291,16 +298,13 @@ class PPOTrainer(GRPOTrainer):
         """`ppo_epochs` passes over the batch in `updates_per_batch` minibatches: a policy step on the
         clipped surrogate with per-token advantages on each; metrics are means over the updates."""
         p = self.cfg.ppo
-        parts = len(batch.chunks(p.updates_per_batch))
+        updates = p.ppo_epochs * min(p.updates_per_batch, len(batch))
         metrics: dict[str, float] = {}
         for epoch in range(p.ppo_epochs):
             for mb in self.epoch_minibatches(batch, epoch):
                 normalizer, tokens = self.normalizers(mb)
                 loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
-                out = self.policy.train(mb, loss_fn, normalizer)
-                for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
-                    metrics[k] = metrics.get(k, 0.0) + v / (p.ppo_epochs * parts)
-                metrics["lr"] = out.lr
+                add_mean(metrics, self.policy.train(mb, loss_fn, normalizer), updates)
         return metrics
 
     def train_on(self, batch: PPOBatch) -> dict[str, float]:  # type: ignore[override]
@@ -327,9 +331,7 @@ class PPOTrainer(GRPOTrainer):
             self.policy.save_checkpoint(directory)
             self.critic.save_checkpoint(directory / "critic")
             if self.value_replay.maxlen:
-                torch.save(
-                    [vars(value_targets(b)) for b in self.value_replay], directory / "critic_replay.pt"
-                )
+                torch.save([vars(b) for b in self.value_replay], directory / "critic_replay.pt")
             self.tokenizer.save_pretrained(directory / "model")
             state = {"sampler": self.sampler.state_dict(), "next_group_id": self.next_group_id}
             save_controller_state(directory, step, state, self.cfg)
