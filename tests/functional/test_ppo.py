@@ -399,3 +399,37 @@ def test_value_replay_trains_the_critic_on_the_last_batch_too(tiny_model_dir, tm
         assert len(trainer.value_replay) == 1 and not rows(trainer.value_replay[0]).keys() & replayed.keys()
     finally:
         trainer.shutdown()
+
+
+def test_ppo_recipe_file_runs_two_steps(tiny_model_dir, tmp_path):
+    """examples/configs/ppo_math.yaml itself through `posttrain ppo`, shortened (tiny model, 4 prompts,
+    2 steps with a 1-step critic warm-up): step 1 trains only the critic, step 2 both."""
+    import json
+
+    from posttrain.cli import main
+
+    run_dir = tmp_path / "run"
+    args = [
+        "ppo",
+        "--config",
+        "examples/configs/ppo_math.yaml",
+        f"policy.model_name={tiny_model_dir}",
+        "data.train.reasoning_gym.size=16",
+        "data.validation.reasoning_gym.size=2",
+        "ppo.max_steps=2",
+        "ppo.prompts_per_step=4",
+        "ppo.critic_warmup_steps=1",
+        "ppo.val_every=2",
+        "generation.max_new_tokens=6",
+        "cluster.backend=local",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+        f"logging.run_dir={run_dir}",
+    ]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "critic/warmup" in r]
+    assert [(r["step"], r["critic/warmup"]) for r in steps] == [(1, 1.0), (2, 0.0)]
+    assert "pg_loss" not in steps[0] and "pg_loss" in steps[1]
+    assert all("critic/explained_variance" in r and "critic/value_loss" in r for r in steps)
+    assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 2]
