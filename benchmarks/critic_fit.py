@@ -136,7 +136,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=8, help="batches between held-out evaluations")
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", default=None, help="episode cache (default: CHECKPOINT/critic_fit_episodes.pt)")
+    parser.add_argument(
+        "--cache", default=None, help="episode cache (default: CHECKPOINT/critic_fit_episodes.pt)"
+    )
     parser.add_argument("--setting", action="append", required=True, help="INIT:BACKBONE_LR:HEAD_LR")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
