@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,6 +59,33 @@ def check_returns_are_rewards(cfg: PPOConfig) -> None:
         raise SystemExit(
             "critic_ceiling: the value targets must be the episode's reward: " + "; ".join(problems)
         )
+
+
+def parse_checkpoint_args(
+    doc: str, options: Callable[[argparse.ArgumentParser], None], folders: tuple[str, ...] = ("model",)
+) -> tuple[argparse.Namespace, PPOConfig, Path]:
+    """The critic benchmarks' command line: --checkpoint (a step_* folder holding `folders`), --config,
+    --seed, the script's own `options`, and config overrides (key=value, as for `posttrain ppo`).
+    Returns (arguments, config, checkpoint); exits when the config's value targets are not the
+    episode's reward or a folder is missing."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--checkpoint", required=True, help=f"a step_* folder of a run (with {', '.join(folders)})"
+    )
+    parser.add_argument("--config", default="examples/configs/ppo_math.yaml")
+    parser.add_argument("--seed", type=int, default=0)
+    options(parser)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    cfg = load_config(PPOConfig, args.config, args.overrides)
+    check_returns_are_rewards(cfg)
+    checkpoint = Path(args.checkpoint)
+    for folder in folders:
+        if not (checkpoint / folder).is_dir():
+            raise SystemExit(
+                f"{parser.prog}: {checkpoint} has no {folder}/ folder (a step_* folder of a run)"
+            )
+    return args, cfg, checkpoint
 
 
 def score(environment, starts, replies: list[str]) -> list[float]:
@@ -136,19 +164,11 @@ def report(name: str, r: list[float], v: list[float], noise: list[float] | None 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--checkpoint", required=True, help="a PPO step_* folder (with model/ and critic/)")
-    parser.add_argument("--config", default="examples/configs/ppo_math.yaml")
-    parser.add_argument("--episodes", type=int, default=32)
-    parser.add_argument("--k", type=int, default=16, help="continuations per prefix")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    cfg = load_config(PPOConfig, args.config, args.overrides)
-    check_returns_are_rewards(cfg)
-    checkpoint = Path(args.checkpoint)
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--episodes", type=int, default=32)
+        parser.add_argument("--k", type=int, default=16, help="continuations per prefix")
+
+    args, cfg, checkpoint = parse_checkpoint_args(__doc__, options, folders=("model", "critic"))
     began = time.perf_counter()
 
     from transformers import AutoModelForCausalLM

@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 
 import torch
-from critic_ceiling import check_returns_are_rewards, sample_episodes
+from critic_ceiling import parse_checkpoint_args, sample_episodes
 
 from posttrain.algorithms.value_loss import explained_variance
-from posttrain.config import load_config
 from posttrain.config.schema import PPOConfig
 from posttrain.data.batching import collate
 from posttrain.data.tokenize import TokenizedExample
@@ -124,33 +123,28 @@ def run(setting: str, model_paths: dict[str, Path], train, held, args, pad_id: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--checkpoint", required=True, help="a PPO or GRPO step_* folder (with model/)")
-    parser.add_argument("--config", default="examples/configs/ppo_math.yaml")
-    parser.add_argument("--train", type=int, default=768)
-    parser.add_argument("--held-out", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=1, help="AdamW steps per batch")
-    parser.add_argument("--every", type=int, default=8, help="batches between held-out evaluations")
-    parser.add_argument("--window", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--cache", default=None, help="episode cache (default: CHECKPOINT/critic_fit_episodes.pt)"
-    )
-    parser.add_argument("--setting", action="append", required=True, help="INIT:BACKBONE_LR:HEAD_LR")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    cfg = load_config(PPOConfig, args.config, args.overrides)
-    check_returns_are_rewards(cfg)
-    checkpoint = Path(args.checkpoint)
-    if not (checkpoint / "model").is_dir():
-        raise SystemExit(f"critic_fit: {checkpoint} has no model/ folder (a step_* folder of a run)")
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--train", type=int, default=768)
+        parser.add_argument("--held-out", type=int, default=256)
+        parser.add_argument("--batch", type=int, default=32)
+        parser.add_argument("--epochs", type=int, default=1, help="AdamW steps per batch")
+        parser.add_argument("--every", type=int, default=8, help="batches between held-out evaluations")
+        parser.add_argument("--window", type=int, default=8)
+        parser.add_argument(
+            "--cache", default=None, help="episode cache (default: CHECKPOINT/critic_fit_episodes.pt)"
+        )
+        parser.add_argument("--setting", action="append", required=True, help="INIT:BACKBONE_LR:HEAD_LR")
+
+    args, cfg, checkpoint = parse_checkpoint_args(__doc__, options)
     cache = Path(args.cache) if args.cache else checkpoint / "critic_fit_episodes.pt"
     data = episodes(cfg, checkpoint, args.train + args.held_out, args.seed, cache)
-    held, train = data[: args.held_out], data[args.held_out :]
-    rewards = [w for _, _, w in data]
+    held, train = data[: args.held_out], data[args.held_out : args.held_out + args.train]
+    if len(held) + len(train) < args.held_out + args.train:
+        print(
+            f"note: {len(data)} episodes with a reply (the cache's or the sample's), fewer than asked",
+            flush=True,
+        )
+    rewards = [w for _, _, w in held + train]
     print(f"{len(train)} training and {len(held)} held-out episodes; rewards "
           f"{ {w: rewards.count(w) for w in sorted(set(rewards))} }", flush=True)  # fmt: skip
     pad_id = load_tokenizer(str(checkpoint / "model")).pad_token_id

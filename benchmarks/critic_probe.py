@@ -21,11 +21,9 @@ import time
 from pathlib import Path
 
 import torch
-from critic_ceiling import check_returns_are_rewards, sample_episodes
+from critic_ceiling import parse_checkpoint_args, sample_episodes
 
 from posttrain.algorithms.value_loss import explained_variance
-from posttrain.config import load_config
-from posttrain.config.schema import PPOConfig
 from posttrain.environments.interface import make_environment
 from posttrain.models.hub import resolve_model
 from posttrain.models.tokenizer import load_tokenizer
@@ -69,21 +67,11 @@ def probe(features, rewards: list[float], layer: int, ridge: float, cut: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--checkpoint", required=True, help="a PPO or GRPO step_* folder (with model/)")
-    parser.add_argument("--config", default="examples/configs/ppo_math.yaml")
-    parser.add_argument("--episodes", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ridge", type=float, nargs="+", default=[100.0, 1000.0])
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    cfg = load_config(PPOConfig, args.config, args.overrides)
-    check_returns_are_rewards(cfg)
-    checkpoint = Path(args.checkpoint)
-    if not (checkpoint / "model").is_dir():
-        raise SystemExit(f"critic_probe: {checkpoint} has no model/ folder (a step_* folder of a run)")
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--episodes", type=int, default=512)
+        parser.add_argument("--ridge", type=float, nargs="+", default=[100.0, 1000.0])
+
+    args, cfg, checkpoint = parse_checkpoint_args(__doc__, options)
     began = time.perf_counter()
 
     from transformers import AutoModelForCausalLM
