@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from critic_ceiling import parse_checkpoint_args, sample_episodes
 
-from posttrain.algorithms.value_loss import explained_variance
+from posttrain.algorithms.value_loss import explained_variance, last_token_mask
 from posttrain.config.schema import PPOConfig
 from posttrain.data.batching import collate
 from posttrain.data.tokenize import TokenizedExample
@@ -58,17 +58,15 @@ def episodes(cfg: PPOConfig, checkpoint: Path, count: int, seed: int, cache: Pat
 
 
 def tensors(data, pad_id: int):
-    """A batch of episodes: input ids, attention mask, reply-token mask, per-token returns."""
+    """A batch of episodes: input ids, attention mask, reply-token mask, per-token returns, each
+    reply's last-token mask."""
     batch = collate([TokenizedExample(p + r, [1] * len(p + r)) for p, r, _ in data], pad_id)
     reply = torch.zeros(batch.input_ids.shape)
     returns = torch.zeros(batch.input_ids.shape)
     for i, (p, r, w) in enumerate(data):
         reply[i, len(p) : len(p) + len(r)] = 1
         returns[i, len(p) : len(p) + len(r)] = w
-    last = torch.zeros_like(reply)
-    for i, (p, r, _) in enumerate(data):
-        last[i, len(p) + len(r) - 1] = 1
-    return batch.input_ids, batch.attention_mask, reply, returns, last
+    return batch.input_ids, batch.attention_mask, reply, returns, last_token_mask(reply)
 
 
 def held_out_ev(model, held, pad_id: int, size: int = 32) -> tuple[float, float]:
