@@ -224,6 +224,84 @@ def test_kl_clamps():
     assert off["kl"] == pytest.approx((math.exp(30) - 31 + math.exp(-25) + 24 + math.exp(-0.5) - 0.5) / 3)
 
 
+# Clamped tokens (issue #29 item 8), float64, at the default clamps 20 / 10; log r = ref - lp, d = -log r.
+# A token a clamp cut has the clamp's constant as its value and gradient 0 w.r.t. log π, in both
+# gradient modes. Inside the bounds: plain d/dlogπ of the estimate, k1 -> 1, k2 -> d, k3 -> 1 - e^{log r};
+# exact adds the value itself: k1 -> 1 + d, k3 -> d (k2 unchanged).
+#   t0: log r = 3 (d = -3)  k1 = -3 (in), k2 = 4.5 (in), k3 = e^3 - 4 = 16.09 -> 10 (output max)
+#   t1: log r = -12         k1 = 12 -> 10 (output max), k2 = 72 -> 10, k3 = e^-12 + 11 -> 10
+#   t2: log r = 12          k1 = -12 -> -10 (output MIN), k2 -> 10, k3 = e^12 - 13 -> 10
+#   t3: log r = 25          input max: log r -> 20: k1 = -20 -> -10, k2 = 200 -> 10, k3 -> 10
+#   t4: log r = -25         input MIN: log r -> -20: k1 = 20 -> 10, k2 -> 10, k3 = e^-20 + 19 -> 10
+#   t5: log r = -2 (d = 2)  in: k1 = 2, k2 = 2, k3 = e^-2 + 1
+#   t6: log r = 0.5         in: k1 = -0.5, k2 = 0.125, k3 = e^0.5 - 1.5
+CLAMP_LP = [[-3.0, 0.0, -12.0, -25.0, 0.0, -1.0, -2.0]]
+CLAMP_REF = [[0.0, -12.0, 0.0, 0.0, -25.0, -3.0, -1.5]]
+CLAMP_VALUE = {
+    "k1": [-3.0, 10.0, -10.0, -10.0, 10.0, 2.0, -0.5],
+    "k2": [4.5, 10.0, 10.0, 10.0, 10.0, 2.0, 0.125],
+    "k3": [10.0, 10.0, 10.0, 10.0, 10.0, math.exp(-2) + 1, math.exp(0.5) - 1.5],
+}
+CLAMP_GRAD = {
+    ("k1", "exact"): [-2.0, 0, 0, 0, 0, 3.0, 0.5],
+    ("k1", "plain"): [1.0, 0, 0, 0, 0, 1.0, 1.0],
+    ("k2", "exact"): [-3.0, 0, 0, 0, 0, 2.0, -0.5],
+    ("k2", "plain"): [-3.0, 0, 0, 0, 0, 2.0, -0.5],
+    ("k3", "exact"): [0, 0, 0, 0, 0, 2.0, -0.5],
+    ("k3", "plain"): [0, 0, 0, 0, 0, 1 - math.exp(-2), 1 - math.exp(0.5)],
+}
+
+
+@pytest.mark.parametrize("gradient", ["exact", "plain"])
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_penalty_clamped_tokens_have_no_gradient(estimator, gradient):
+    lp = _lp(CLAMP_LP)
+    ref = torch.tensor(CLAMP_REF, dtype=torch.float64)
+    per_token = kl_penalty(lp, ref, estimator, gradient=gradient)  # defaults: 20 / 10
+    assert per_token[0].tolist() == pytest.approx(CLAMP_VALUE[estimator], rel=1e-12)
+    per_token.sum().backward()
+    assert lp.grad[0].tolist() == pytest.approx(CLAMP_GRAD[(estimator, gradient)], rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_penalty_each_clamp_alone_stops_the_gradient(estimator):
+    # input clamp only, both bounds: t3 (log r = 25 -> 20) and t4 (log r = -25 -> -20);
+    # t5 inside keeps its exact gradient (k1: 1 + d = 3, k3: d = 2)
+    lp = _lp([[-25.0, 0.0, -1.0]])
+    ref = torch.tensor([[0.0, -25.0, -3.0]], dtype=torch.float64)
+    out = kl_penalty(lp, ref, estimator, input_clamp=20.0, output_clamp=None)
+    values = {"k1": [-20.0, 20.0, 2.0], "k3": [math.exp(20) - 21, math.exp(-20) + 19, math.exp(-2) + 1]}
+    assert out[0].tolist() == pytest.approx(values[estimator], rel=1e-12)
+    out.sum().backward()
+    assert lp.grad[0].tolist() == pytest.approx(
+        [0.0, 0.0, {"k1": 3.0, "k3": 2.0}[estimator]], rel=1e-12, abs=0
+    )
+    # output clamp only: k1 = 12 -> 10 (max) and -12 -> -10 (min); k3 = e^-12 + 11 -> 10, e^12 - 13 -> 10
+    lp = _lp([[0.0, -12.0, -1.0]])
+    ref = torch.tensor([[-12.0, 0.0, -3.0]], dtype=torch.float64)
+    out = kl_penalty(lp, ref, estimator, input_clamp=None, output_clamp=10.0)
+    values = {"k1": [10.0, -10.0, 2.0], "k3": [10.0, 10.0, math.exp(-2) + 1]}
+    assert out[0].tolist() == pytest.approx(values[estimator], rel=1e-12)
+    out.sum().backward()
+    assert lp.grad[0].tolist() == pytest.approx(
+        [0.0, 0.0, {"k1": 3.0, "k3": 2.0}[estimator]], rel=1e-12, abs=0
+    )
+
+
+def test_clipped_pg_loss_kl_term_clamped_token_has_no_gradient():
+    # the loss's KL term at the defaults (k3, exact, 20 / 10): t0 (k3 clamped at 10) gets no gradient,
+    # t5 (inside) gets beta * d / N = 0.5 * 2 / 2 = 0.5; advantages 0, on-policy: no pg gradient
+    lp = _lp([[-3.0, -1.0]])
+    ref = torch.tensor([[0.0, -3.0]], dtype=torch.float64)
+    loss, metrics = clipped_pg_loss(
+        lp, lp.detach(), torch.zeros(1, dtype=torch.float64), torch.ones_like(lp), normalizer=2,
+        reference_logprobs=ref, kl_beta=0.5,
+    )  # fmt: skip
+    assert metrics["kl"] == pytest.approx((10.0 + math.exp(-2) + 1) / 2, rel=1e-12)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([0.0, 0.5], rel=1e-12, abs=0)
+
+
 def test_kl_metric_reported_without_penalty():
     lp = _lp(KL_LP)
     ref = torch.tensor(KL_REF, dtype=torch.float64)

@@ -104,14 +104,31 @@ def kl_estimate(
     This is the VALUE of the estimate; its gradient is not ∇KL(π || π_ref) for k1 and k3, see
     ``kl_penalty`` for the loss term. Shapes: [B, T] x2 -> [B, T] (elementwise; mask it yourself).
     """
+    kl, _ = _clamped_estimate(logprobs, ref_logprobs, estimator, input_clamp, output_clamp)
+    return kl
+
+
+def _clamped_estimate(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    estimator: str,
+    input_clamp: float | None,
+    output_clamp: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``kl_estimate``, inside): inside[b, t] is True where neither clamp cut the token, i.e.
+    |log r| <= input_clamp and |k| <= output_clamp (torch's clamp passes the gradient at the bound
+    itself, so a token exactly at a bound counts as inside). Shapes: [B, T] x2 -> [B, T] x2."""
     _check_choice("kl estimator", estimator, KL_ESTIMATORS)
     log_r = ref_logprobs - logprobs
+    inside = torch.ones_like(log_r, dtype=torch.bool)
     if input_clamp is not None:
+        inside = inside & (log_r.detach().abs() <= input_clamp)
         log_r = log_r.clamp(min=-input_clamp, max=input_clamp)
     kl = KL_ESTIMATORS[estimator](log_r)
     if output_clamp is not None:
+        inside = inside & (kl.detach().abs() <= output_clamp)
         kl = kl.clamp(min=-output_clamp, max=output_clamp)
-    return kl
+    return kl, inside
 
 
 def kl_penalty(
@@ -140,12 +157,17 @@ def kl_penalty(
     plain loss term; its expected gradient is that of KL(π_ref || π)); with k1 it is a no-op in
     expectation. k2 is the same in both modes.
 
-    Clamps as in ``kl_estimate`` (defaults: NeMo RL's 20 / 10). Shapes: [B, T] x2 -> [B, T].
+    Clamps as in ``kl_estimate`` (defaults: NeMo RL's 20 / 10). A token either clamp cut has the
+    clamp's constant as its value and NO gradient, in both modes: the score-function factor is
+    applied only to tokens inside the bounds (applied to a clamped token it would leave the
+    gradient c ∇log π, c the clamp's constant: for k3 at log r > 2.6, where π_ref ≫ π, that pushes
+    log π down, away from π_ref). Shapes: [B, T] x2 -> [B, T].
     """
     _check_choice("kl gradient", gradient, KL_GRADIENTS)
-    kl = kl_estimate(logprobs, ref_logprobs, estimator, input_clamp=input_clamp, output_clamp=output_clamp)
+    kl, inside = _clamped_estimate(logprobs, ref_logprobs, estimator, input_clamp, output_clamp)
     if gradient == "exact" and estimator in ("k1", "k3"):
-        kl = kl * torch.exp(logprobs - logprobs.detach())
+        score = torch.exp(logprobs - logprobs.detach())
+        kl = kl * torch.where(inside, score, torch.ones_like(score))
     return kl
 
 
