@@ -64,3 +64,17 @@ def test_zero_variance_groups_inexact_rewards(value):
     rewards = torch.cat([torch.full((8,), value), torch.tensor([value, 1.0])])
     groups = torch.tensor([0] * 8 + [1, 1])
     assert zero_variance_groups(rewards, groups).tolist() == [True] * 8 + [False, False]
+
+
+def test_zero_variance_groups_over_scored_samples_only():
+    # group 0: scored 0.8 and 0.8 beside two unscored zeros: no spread among the scored (the zeros
+    #   made one before); group 1: one scored sample: fewer than two, nothing to compare;
+    # group 2: scored 0 and 1: a spread, and the whole group (its unscored members too) is kept
+    rewards = torch.tensor([0.8, 0.8, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2, 2, 2])
+    scored = torch.tensor([1, 1, 0, 0, 1, 0, 1, 1, 0, 0], dtype=torch.bool)
+    assert zero_variance_groups(rewards, groups, scored=scored).tolist() == [True] * 6 + [False] * 4
+    assert zero_variance_groups(rewards, groups).tolist() == [False] * 6 + [False] * 4
+    assert zero_variance_groups(rewards, groups, scored=torch.ones(10, dtype=torch.bool)).tolist() == (
+        zero_variance_groups(rewards, groups).tolist()
+    )

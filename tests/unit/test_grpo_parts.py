@@ -175,3 +175,77 @@ def test_rl_advantages_kl_in_reward():
         AdvantageConfig(estimator="grpo", clip=0.5), torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
     )
     assert clipped.tolist() == pytest.approx([0.5, -0.5])
+
+
+# --- unscored samples: out of the baseline, dynamic sampling and reward metrics (#29, item 2) ------
+
+
+def _scored_rollouts(rewards: list[float], scored: list[bool], group_size: int = 4) -> Rollouts:
+    trajectories = [
+        Trajectory(
+            [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [], {}, group_id=i // group_size, reward=r, scored=s
+        )
+        for i, (r, s) in enumerate(zip(rewards, scored, strict=True))
+    ]
+    return Rollouts(trajectories, {})
+
+
+def _trainer(**overrides) -> GRPOTrainer:
+    """A GRPOTrainer with only what make_batch reads (config, pad id, no teacher)."""
+    from conftest import grpo_test_config
+
+    trainer = object.__new__(GRPOTrainer)
+    trainer.cfg = grpo_test_config("m", "r", **overrides)
+    trainer.tokenizer, trainer.teacher = SimpleNamespace(pad_token_id=0), None
+    return trainer
+
+
+STD_089 = 0.005**0.5
+
+
+@pytest.mark.parametrize(
+    "overrides, first",
+    [
+        ({}, -0.05 / (STD_089 + 1e-6)),
+        ({"advantage.estimator": "rloo"}, -0.1),
+        ({"advantage.estimator": "dr_grpo", "loss.aggregation": "seq_mean_token_sum"}, -0.05),
+        ({"advantage.estimator": "reinforce_pp"}, -0.05 / (STD_089 + 1e-6)),
+    ],
+)
+def test_make_batch_leaves_unscored_samples_out_of_baselines_and_reward_metrics(overrides, first):
+    # group 0: judged 0.8 / 0.9 beside two judge failures; group 1: one scored sample of four.
+    # Over the scored 0.8 / 0.9: mean 0.85, Bessel std sqrt(0.005): GRPO -/+0.7071, not +0.76 / +0.96.
+    rewards = [0.8, 0.9, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    scored = [True, True, False, False, True, False, False, False]
+    batch, metrics = _trainer(**overrides).make_batch(_scored_rollouts(rewards, scored))
+    assert batch.advantages.tolist() == pytest.approx([first, -first] + [0.0] * 6, abs=1e-6)
+    # the lone scored sample of group 1 trains on nothing either
+    assert batch.loss_mask.sum(-1).tolist() == [2.0, 2.0] + [0.0] * 6
+    # reward metrics over the three scored samples 0.8, 0.9, 1.0: mean 0.9, Bessel std 0.1
+    assert metrics["reward/mean"] == pytest.approx(0.9, abs=1e-6)
+    assert metrics["reward/std"] == pytest.approx(0.1, abs=1e-6)
+
+
+def test_make_batch_with_everything_scored_is_unchanged():
+    batch, metrics = _trainer().make_batch(_scored_rollouts([1.0, 0.0, 0.0, 0.0], [True] * 4))
+    # mean 0.25, Bessel std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5: A = [1.5, -0.5, -0.5, -0.5]
+    assert batch.advantages.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
+    assert batch.loss_mask.sum().item() == 8.0 and metrics["reward/mean"] == 0.25
+
+
+def test_dynamic_sampling_compares_scored_samples_only():
+    # round 1: group 0 = scored 0.8, 0.8 + two unscored zeros (no spread among the scored: dropped),
+    # group 1 = one scored sample (dropped); round 2: group 0 has a scored spread (kept, whole)
+    rounds = [
+        _scored_rollouts(
+            [0.8, 0.8, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [True, True, False, False, True] + [False] * 3
+        ),
+        _scored_rollouts([0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0], [True, True, False, True] + [True] * 4),
+    ]
+    out, stats = collect_groups(
+        lambda r: rounds[r - 1], groups=1, group_size=4, dynamic_sampling=True, max_rounds=2
+    )
+    assert [t.reward for t in out.trajectories] == [0.0, 1.0, 0.0, 0.0]
+    assert stats["dapo/generation_rounds"] == 2 and stats["dapo/kept_groups"] == 1
+    # zero-variance fraction per round: 1 (both groups), then 0.5 (group 1 is all 1.0)
+    assert stats["reward/zero_variance_fraction"] == 0.75

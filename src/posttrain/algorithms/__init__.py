@@ -13,6 +13,7 @@ from posttrain.algorithms.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
     scale_rewards,
+    trainable_samples,
 )
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
 from posttrain.algorithms.gae import GAEOutput, gae_advantages, length_adaptive_lambda, token_rewards, whiten
@@ -64,6 +65,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "rloo_advantages",
     "scale_rewards",
+    "trainable_samples",
     "overlong_filter_mask",
     "overlong_reward_shaping",
     "zero_variance_groups",

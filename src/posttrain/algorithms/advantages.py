@@ -14,7 +14,8 @@ estimator; the decision is made on the range, never on a rounded std (see ``grou
 Group statistics are computed in float64.
 
 Registry: ``ADVANTAGE_ESTIMATORS[name]`` with ``name`` in ``"grpo"``, ``"dr_grpo"``, ``"rloo"``,
-``"reinforce_pp"``; ``compute_advantages(name, rewards, group_ids, **kwargs)`` dispatches.
+``"reinforce_pp"``; ``compute_advantages(name, rewards, group_ids, scored=..., **kwargs)`` dispatches,
+on the ``trainable_samples`` only when told which samples were scored (docs/algorithms.md).
 Around them: ``scale_rewards`` (NeMo RL's reward scaling), ``kl_penalized_rewards`` /
 ``kl_penalized_returns`` (the KL to a reference as a reward penalty) and ``clip_advantages``.
 The teacher's per-token advantage (``advantage.estimator=on_policy_distill``) is
@@ -87,18 +88,24 @@ def group_statistics(values: torch.Tensor, group_ids: torch.Tensor) -> GroupStat
     return GroupStats(*(x.to(values.dtype) for x in out))
 
 
-def group_range(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+def group_range(
+    values: torch.Tensor, group_ids: torch.Tensor, *, where: torch.Tensor | None = None
+) -> torch.Tensor:
     """max - min of each sample's group, [N] (exact: no rounding, unlike a std).
 
     A group whose range is 0 has all-equal rewards: no spread, no learning signal. Deciding by
     the range and not by ``std > 0`` matters: G copies of 0.1 (not exactly representable) have
     a mean that is not exactly 0.1 after rounding, hence a tiny non-zero std.
+    With ``where`` ([N] bool) the range is over the group's members where it is True (every member
+    of the group gets it); a group with none of them gets -inf.
     """
     r = _as_float(values).to(torch.float64)
     inverse, num_groups = _group_index(values, group_ids)
-    hi = r.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, r, reduce="amax")
-    lo = r.new_full((num_groups,), torch.inf).scatter_reduce(0, inverse, r, reduce="amin")
-    return (hi - lo)[inverse]
+    take = torch.ones_like(r, dtype=torch.bool) if where is None else where.to(torch.bool)
+    hi = r.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse[take], r[take], reduce="amax")
+    lo = r.new_full((num_groups,), torch.inf).scatter_reduce(0, inverse[take], r[take], reduce="amin")
+    spread = torch.where(hi >= lo, hi - lo, torch.full_like(hi, -torch.inf))
+    return spread[inverse]
 
 
 def _others_constant(r: torch.Tensor, inverse: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -334,8 +341,35 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-    """Advantages by estimator name (a key of ADVANTAGE_ESTIMATORS); kwargs go to the estimator."""
+def trainable_samples(group_ids: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """[N] bool: the samples that carry a learning signal: scored, in a group with >= 2 scored samples.
+
+    A sample the environment could not score (``scored`` False) has no reward to compare; a group
+    left with fewer than two scored samples has no baseline, so its scored sample trains on nothing
+    too. Shapes: group_ids [N], scored [N] (bool) -> bool [N].
+    """
+    keep = scored.to(torch.bool)
+    inverse, num_groups = _group_index(keep, group_ids)
+    count = torch.zeros(num_groups, dtype=torch.long).index_add(0, inverse, keep.long())
+    return keep & (count[inverse] >= 2)
+
+
+def compute_advantages(
+    name: str,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    scored: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """Advantages by estimator name (a key of ADVANTAGE_ESTIMATORS); kwargs go to the estimator.
+
+    With ``scored`` ([N] bool) the estimator sees only the ``trainable_samples``: every baseline,
+    std and batch normalisation is over scored samples of groups with >= 2 of them, and every other
+    sample gets advantage exactly 0 (all its positions, for [N, T] results). Tensor kwargs with a
+    leading dimension N (reinforce_pp's ``kl`` and ``mask``) are taken on the same rows. Without
+    ``scored`` (or with all samples trainable) the result is the estimator's own.
+    """
     try:
         fn = ADVANTAGE_ESTIMATORS[name]
     except KeyError:
@@ -344,4 +378,19 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor
         raise ValueError(
             f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}.{hint}"
         ) from None
-    return fn(rewards, group_ids, **kwargs)
+    if scored is None:
+        return fn(rewards, group_ids, **kwargs)
+    keep = trainable_samples(group_ids, scored)
+    if bool(keep.all()):
+        return fn(rewards, group_ids, **kwargs)
+    n = rewards.shape[0]
+    rows = {
+        k: v[keep] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+        for k, v in kwargs.items()
+    }
+    kl = kwargs.get("kl")
+    shape = (n,) if kl is None else tuple(kl.shape)
+    out = torch.zeros(shape, dtype=_as_float(rewards).dtype)
+    if bool(keep.any()):
+        out[keep] = fn(rewards[keep], group_ids[keep], **rows).to(out.dtype)
+    return out

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.algorithms.advantages import group_range
+from posttrain.algorithms.advantages import group_range, trainable_samples
 
 
 def zero_variance_groups(
-    rewards: torch.Tensor, group_ids: torch.Tensor, *, atol: float = 0.0
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    atol: float = 0.0,
+    scored: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mask of samples whose group has all-equal rewards (DAPO dynamic sampling filters them out).
 
@@ -19,11 +23,15 @@ def zero_variance_groups(
 
     Such a group has zero group-relative advantage, so it gives no policy gradient. A group of
     one sample counts as zero-variance. Groups need not be contiguous.
+    With ``scored`` ([N] bool) j runs over the group's ``trainable_samples`` only (scored, in a
+    group with >= 2 scored): the reward 0 of an unscored sample never makes a spread, and a group
+    with fewer than two scored samples is zero-variance (all its members, scored or not).
     Shapes: rewards [N], group_ids [N] -> bool [N]. The keep mask is ``~zero_variance_groups(...)``.
     """
     if rewards.shape != group_ids.shape or rewards.dim() != 1:
         raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must be [N]")
-    return group_range(rewards, group_ids) <= atol
+    where = None if scored is None else trainable_samples(group_ids, scored)
+    return group_range(rewards, group_ids, where=where) <= atol
 
 
 def overlong_filter_mask(truncated: torch.Tensor) -> torch.Tensor:

@@ -431,10 +431,11 @@ def turn_by_turn(
 
 
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """How episodes went: turns, how they ended, who wrote their tokens, reward per turn."""
+    """How episodes went: turns, how they ended, who wrote their tokens, reward per turn (of the
+    scored episodes only: an unscored episode's reward 0 is no reward)."""
     n = max(len(trajectories), 1)
     turns = [t.num_turns for t in trajectories]
-    turn_rewards = [r for t in trajectories for r in t.turn_rewards]
+    turn_rewards = [r for t in trajectories if t.scored for r in t.turn_rewards]
     return {
         "episode/turns_mean": sum(turns) / n,
         "episode/turns_max": float(max(turns, default=0)),

@@ -29,7 +29,7 @@ from posttrain.distributed.teacher_group import StudentGroup
 from posttrain.models.distill_logprobs import StudentTopK
 from posttrain.models.student import DistillBatch
 from posttrain.rollout.rollout import Rollouts, build_rl_batch
-from posttrain.trainers.grpo import GRPOResult, GRPOTrainer
+from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, scored_reward_metrics
 
 PLOTS = [
     "distill/divergence",
@@ -146,7 +146,7 @@ class DistillTrainer(GRPOTrainer):
         with self.timer("teacher"):
             batch = batch.with_teacher(self.teacher.topk(batch, d.topk_logits_k, d.teacher_temperature))
         metrics = {
-            "reward/mean": float(rollouts.rewards.mean()),
+            "reward/mean": scored_reward_metrics(rollouts.rewards, rollouts.scored)["reward/mean"],
             "response_length": float(rollouts.response_lengths.mean()),
             "truncation_rate": float(rollouts.truncated.float().mean()),
             "distill/tokens": float(batch.loss_mask.sum()),

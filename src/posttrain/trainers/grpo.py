@@ -28,8 +28,8 @@ from posttrain.algorithms.advantages import (
     clip_advantages,
     compute_advantages,
     kl_penalized_rewards,
-    reinforce_pp_advantages,
     scale_rewards,
+    trainable_samples,
 )
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
 from posttrain.algorithms.distillation import on_policy_distill_advantages
@@ -156,9 +156,14 @@ def rl_advantages(
     kl_beta: float = 0.0,
     teacher_logprobs: torch.Tensor | None = None,
     student_logprobs: torch.Tensor | None = None,
+    scored: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages for the configured estimator, [N] (or [N, T] for reinforce_pp with a KL reward and
     for on_policy_distill).
+
+    ``scored`` ([N] bool, ``Rollouts.scored``): baselines, stds and batch normalisations use the
+    scored samples only, and a sample that is unscored or in a group with fewer than two scored
+    samples gets reward advantage 0 (``compute_advantages``; the caller masks those rows).
 
     ``kl`` ([N, T] per-token KL(π || π_ref) estimates, no gradient) puts the KL into the reward:
     group estimators see r_i - β Σ_t KL_it (``kl_penalized_rewards``); reinforce_pp gets it per
@@ -178,6 +183,7 @@ def rl_advantages(
                 "grpo",
                 rewards,
                 group_ids,
+                scored=scored,
                 normalize_std=adv.normalize_std,
                 leave_one_out=adv.leave_one_out,
                 leave_one_out_std=adv.leave_one_out_std,
@@ -187,7 +193,9 @@ def rl_advantages(
         )
         return clip_advantages(advantages, adv.clip)
     if adv.estimator == "reinforce_pp":
-        advantages = reinforce_pp_advantages(rewards, group_ids, kl=kl, mask=mask, kl_beta=kl_beta)
+        advantages = compute_advantages(
+            "reinforce_pp", rewards, group_ids, scored=scored, kl=kl, mask=mask, kl_beta=kl_beta
+        )
     else:
         if kl is not None:
             rewards = kl_penalized_rewards(rewards, kl, mask, kl_beta=kl_beta)
@@ -200,8 +208,18 @@ def rl_advantages(
             if adv.estimator == "grpo"
             else {}
         )
-        advantages = compute_advantages(adv.estimator, rewards, group_ids, **kwargs)
+        advantages = compute_advantages(adv.estimator, rewards, group_ids, scored=scored, **kwargs)
     return clip_advantages(advantages, adv.clip)
+
+
+def scored_reward_metrics(rewards: torch.Tensor, scored: torch.Tensor) -> dict[str, float]:
+    """reward/mean and reward/std (Bessel; 0 for fewer than two) over the scored samples only: an
+    unscored sample's reward 0 is no reward. reward/mean is 0 when nothing was scored."""
+    r = rewards[scored.to(torch.bool)]
+    return {
+        "reward/mean": float(r.mean()) if len(r) else 0.0,
+        "reward/std": float(r.std()) if len(r) > 1 else 0.0,
+    }
 
 
 def collect_groups(
@@ -217,10 +235,10 @@ def collect_groups(
 
     ``draw(round)`` generates and scores one round (``groups`` prompts × ``group_size``, round
     1, 2, ...). Without dynamic sampling that one round is the batch. With it, groups with all-equal
-    rewards are dropped and rounds are drawn until ``groups`` groups are kept, at most
-    ``max_rounds``. If the batch is still short then, it trains on the groups kept (whole groups,
-    as many as give a multiple of ``unit`` sequences: the batch must split evenly over
-    updates × data-parallel workers): ``dapo/short_batch`` = 1. If none can be kept, the
+    rewards among their scored samples (or fewer than two scored: ``zero_variance_groups``) are
+    dropped and rounds are drawn until ``groups`` groups are kept, at most ``max_rounds``. If the
+    batch is still short then, it trains on the groups kept (whole groups, as many as give a
+    multiple of ``unit`` sequences: the batch must split evenly over updates × data-parallel workers): ``dapo/short_batch`` = 1. If none can be kept, the
     trajectories are empty and the caller skips the update: ``dapo/skipped_update`` = 1.
 
     Returns (Rollouts, stats) with stats dapo/generation_rounds, reward/zero_variance_fraction and,
@@ -235,7 +253,7 @@ def collect_groups(
         rounds += 1
         batch = draw(rounds)
         env_metrics = env_metrics or batch.env_metrics
-        zero = zero_variance_groups(batch.rewards, batch.group_ids)
+        zero = zero_variance_groups(batch.rewards, batch.group_ids, scored=batch.scored)
         zero_fraction.append(float(zero.float().mean()))
         if not dynamic_sampling:
             kept = batch.trajectories
@@ -558,14 +576,17 @@ class GRPOTrainer:
             kl_beta=loss.kl_beta,
             teacher_logprobs=teacher_lp,
             student_logprobs=student_lp,
+            scored=rollouts.scored,
         )
+        if cfg.advantage.estimator != "on_policy_distill":  # the teacher's signal needs no group
+            trainable = trainable_samples(rollouts.group_ids, rollouts.scored)
+            batch.loss_mask = batch.loss_mask * trainable.float()[:, None]
         if cfg.dapo.overlong_filter:
             batch.loss_mask = batch.loss_mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
         mask = batch.loss_mask
         metrics.update(
             {
-                "reward/mean": float(rewards.mean()),
-                "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+                **scored_reward_metrics(rewards, rollouts.scored),
                 "response_length": float(lengths.mean()),
                 "truncation_rate": float(rollouts.truncated.float().mean()),
                 "entropy": float(-(batch.generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
@@ -668,7 +689,7 @@ class GRPOTrainer:
         per_problem = [sum(correct[i * n : (i + 1) * n]) for i in range(len(self.val_problems))]
         metrics = {
             "val/accuracy": sum(correct) / len(correct),
-            "val/reward": float(r.rewards.mean()),
+            "val/reward": scored_reward_metrics(r.rewards, r.scored)["reward/mean"],
             "val/response_length": float(r.response_lengths.mean()),
             "timing/validation": time.perf_counter() - start,
         }

@@ -43,7 +43,7 @@ from posttrain.distributed.critic_group import (
 )
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
 from posttrain.trainers.common import latest_values, save_controller_state
-from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, grpo_loss
+from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, grpo_loss, scored_reward_metrics
 
 PLOTS = [
     "reward/mean",
@@ -211,8 +211,7 @@ class PPOTrainer(GRPOTrainer):
         returns_mean, returns_std = masked_stats(critic_side.returns, mask)
         adv_mean, adv_std = masked_stats(actor_side.advantages, mask)
         metrics = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            **scored_reward_metrics(rewards, rollouts.scored),
             "response_length": float(rollouts.response_lengths.mean()),
             "truncation_rate": float(rollouts.truncated.float().mean()),
             "entropy": float(-(batch.generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
