@@ -215,6 +215,58 @@ def test_refit_makes_the_generator_run_the_merged_weights(tiny_model_dir, tokeni
         policy.shutdown()
 
 
+# ------------------------------------------------------------------ the output layer (tied or not)
+def test_lora_on_a_tied_lm_head_is_refused_at_startup(tiny_model_dir):
+    # the tiny Llama ties lm_head to embed_tokens: its adapter would be dropped from merged refits
+    with pytest.raises(ValueError, match=r"lm_head, whose weight is tied to model\.embed_tokens\.weight"):
+        cfg = _cfg(LoraConfig(rank=RANK, target_modules=["q_proj", "lm_head"]))
+        Policy(cfg, model_path=str(tiny_model_dir), total_steps=1)
+
+
+@pytest.fixture(scope="module")
+def untied_model_dir(tmp_path_factory, tokenizer):
+    from conftest import make_tiny_model_dir
+
+    return make_tiny_model_dir(tmp_path_factory.mktemp("untied"), tokenizer, tie_word_embeddings=False)
+
+
+def test_lora_on_an_untied_lm_head_refits_the_merged_output_layer(untied_model_dir, tokenizer):
+    """An untied lm_head's adapter reaches the generator: after a refit the generator's lm_head is the
+    merged W + s·B@A (not the embedding, not the base), the gate passes, and generation logprobs match."""
+    from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
+    from posttrain.distributed.refit_check import check_refit
+    from posttrain.generation.sampling import SamplingParams
+    from posttrain.generation.worker import GenerationWorker
+
+    cfg = _cfg(LoraConfig(rank=RANK, alpha=8.0, target_modules=["q_proj", "lm_head"]))
+    cluster = ClusterConfig(backend="local")
+    kw = dict(model_path=str(untied_model_dir), tokenizer_path=str(untied_model_dir))
+    policy = ActorGroup(cfg, cluster, total_steps=10, **kw)
+    generator = GenerationGroup(
+        GenerationConfig(placement="split", refit_transport="object_store"), cfg, cluster,
+        transport="object_store", **kw,
+    )  # fmt: skip
+    try:
+        [rank] = policy.workers.instances
+        _perturb_adapters(rank.model)
+        generator.refit(policy)
+        prompts = [tokenizer(f"Count to {i}")["input_ids"] for i in range(3)]
+        params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=0)
+        for mode in ("checksum", "logprobs"):
+            check_refit(RefitCheckConfig(mode=mode, new_tokens=6), policy, generator, prompts, params,
+                        tokenizer.pad_token_id)  # fmt: skip
+        [served] = generator.workers.run(GenerationWorker.state_dict_cpu)
+        head = rank.model.lm_head
+        lora_a, lora_b = head.lora_A["default"].weight, head.lora_B["default"].weight
+        expected = head.base_layer.weight + (lora_b @ lora_a) * (8.0 / RANK)
+        assert torch.allclose(served["lm_head.weight"], expected, atol=1e-6)
+        assert (served["lm_head.weight"] - head.base_layer.weight).abs().max() > 1e-3  # the adapter is in
+        assert torch.equal(served["model.embed_tokens.weight"], rank.model.model.embed_tokens.weight)
+    finally:
+        generator.shutdown()
+        policy.shutdown()
+
+
 # ------------------------------------------------------------------ trainers end to end, export
 LORA_OVERRIDES = {"policy.lora.rank": RANK, "policy.lora.alpha": 8, "policy.optimizer.lr": 1e-2}
 

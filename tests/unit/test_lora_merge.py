@@ -99,3 +99,56 @@ def test_names():
 def test_a_target_that_matches_nothing_is_refused():
     with pytest.raises(ValueError):
         apply_lora(Tiny(), LoraConfig(rank=1, target_modules=["q_proj"]))
+
+
+class TiedTiny(torch.nn.Module):
+    """An embedding and an output projection that share one [3, 2] matrix (tie_word_embeddings)."""
+
+    def __init__(self, tied: bool = True) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(3, 2, dtype=torch.float64)
+        self.head = torch.nn.Linear(2, 3, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            self.embed.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+            self.head.weight.copy_(torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 2.0]]))
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids))
+
+
+def test_an_adapter_on_a_tied_output_layer_is_refused():
+    # issue #29 item 9: named_parameters() lists the tied matrix once (as embed.weight), so the merged
+    # refit dropped head's adapter; folding it into the shared matrix would change the embedding too
+    with pytest.raises(ValueError, match=r"head, whose weight is tied to embed\.weight.*Remove head"):
+        apply_lora(TiedTiny(), LoraConfig(rank=1, target_modules=["head"]))
+
+
+def test_merged_weights_refuse_to_drop_an_adapter():
+    # the same tied model adapted behind apply_lora's back (peft directly): the merge, and with it the
+    # policy's refit checksum, fails instead of yielding the embedding without the adapter
+    from peft import inject_adapter_in_model
+
+    from posttrain.models.lora import peft_lora_config
+
+    model = TiedTiny()
+    inject_adapter_in_model(peft_lora_config(LoraConfig(rank=1, target_modules=["head"])), model)
+    assert [n for n, _, _ in merged_specs(model)] == ["embed.weight"]  # the adapter has no entry
+    with pytest.raises(RuntimeError, match=r"lack the LoRA adapters of \['head'\]"):
+        dict(merged_weights(model))
+
+
+def test_an_untied_output_layer_merges_its_adapter():
+    model = TiedTiny(tied=False)
+    apply_lora(model, LoraConfig(rank=1, alpha=1.0, target_modules=["head"]))
+    layer = adapted_layers(model)["head"]
+    with torch.no_grad():
+        layer.lora_A["default"].weight.copy_(torch.tensor([[1.0, 1.0]]).double())  # A [1, 2]
+        layer.lora_B["default"].weight.copy_(torch.tensor([[1.0], [0.0], [-1.0]]).double())  # B [3, 1]
+    merged = dict(merged_weights(model))
+    # scale 1: B@A = [[1, 1], [0, 0], [-1, -1]]; the embedding is untouched
+    assert torch.equal(merged["head.weight"], torch.tensor([[3.0, 1.0], [0.0, 2.0], [1.0, 1.0]]).double())
+    assert torch.equal(merged["embed.weight"], torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]).double())
+    ids = torch.tensor([2])  # embedding [1, 1] -> merged head [4, 2, 2]
+    assert model(ids)[0].tolist() == [4.0, 2.0, 2.0]

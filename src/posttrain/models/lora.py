@@ -109,7 +109,43 @@ def apply_lora(
         raise ValueError(
             f"policy.lora adapts only Linear layers; these are not: {other[:3]}. Remove them from target_modules"
         )
+    check_no_tied_targets(model)
     return model
+
+
+def tied_adapted_layers(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Adapted layer name -> the other parameter names that share its frozen weight (tied weights:
+    an `lm_head` tied to `embed_tokens` with `tie_word_embeddings=True`); only layers that share one."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    tied = {}
+    for layer_name, layer in adapted_layers(model).items():
+        own = f"{layer_name}.base_layer.weight"
+        others = [n for n in names.get(id(layer.base_layer.weight), []) if n != own]
+        if others:
+            tied[layer_name] = others
+    return tied
+
+
+def check_no_tied_targets(model: torch.nn.Module) -> None:
+    """Raise ValueError when an adapted layer's weight is tied to another parameter.
+
+    A tied weight is one matrix for both modules (the output projection and the input embedding):
+    the merged refit could fold W + s·B A into it only by changing the input embedding too, and
+    `named_parameters()` lists it once, under the other module's name, so the adapter would be
+    dropped from the generator's weights without a word."""
+    tied = tied_adapted_layers(model)
+    if not tied:
+        return
+    layer, others = next(iter(tied.items()))
+    raise ValueError(
+        f"policy.lora.target_modules adapts {layer}, whose weight is tied to {others[0]} (the model "
+        "ties them: tie_word_embeddings=true). The generator runs one shared matrix for both, so the "
+        "adapter cannot be merged into its weights without also changing the input embedding. Remove "
+        f"{layer.rsplit('.', 1)[-1]} from policy.lora.target_modules (all-linear leaves the output "
+        "layer out), or train a model whose embeddings are not tied"
+    )
 
 
 def has_lora(model: torch.nn.Module) -> bool:
@@ -159,8 +195,14 @@ def merged_weights(
     An adapted Linear gives `W + s · (B @ A)` (transposed for fan_in_fan_out layers), computed in the
     weight's dtype into a new tensor; any other parameter is yielded as it is. `full` turns a
     parameter into its full tensor (FSDP2: `DTensor.full_tensor`, a collective, called in the same
-    order on every rank). Tied parameters appear once, like in `named_parameters`."""
+    order on every rank). Tied parameters appear once, like in `named_parameters`.
+
+    Every adapted layer is folded in or the iteration raises RuntimeError at its end (an adapter
+    whose weight `named_parameters` lists under another name, a tied one, would otherwise be
+    dropped; `apply_lora` refuses those). The policy's refit checksum is computed over these
+    tensors, so it fails the same way instead of agreeing with a generator that lacks the adapter."""
     layers = adapted_layers(model)
+    folded: set[str] = set()
     with torch.no_grad():
         for name, param in model.named_parameters():
             target = base_name(name)
@@ -175,7 +217,13 @@ def merged_weights(
             a = full(layer.lora_A[ADAPTER].weight).to(weight.dtype)
             b = full(layer.lora_B[ADAPTER].weight).to(weight.dtype)
             delta = (b @ a) * layer.scaling[ADAPTER]
+            folded.add(module)
             yield target, weight + (delta.T if layer.fan_in_fan_out else delta)
+    if missing := sorted(set(layers) - folded):
+        raise RuntimeError(
+            f"the merged weights lack the LoRA adapters of {missing[:3]}: their frozen weights are not "
+            "listed under their own names (tied weights?), so the generator would run them untrained"
+        )
 
 
 def merged_specs(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
