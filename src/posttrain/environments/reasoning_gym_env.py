@@ -80,6 +80,43 @@ def extract_answer(reply: str, answer_format: str) -> str | None:
     return extract_tag(reply, tag_name="answer")
 
 
+def check_retry_rewards(
+    *, max_tries: int, success_threshold: float, retry_discount: float, format_reward: float
+) -> None:
+    """Raise ValueError unless no episode pays more than answering right at once.
+
+    Write s = success_threshold, d = retry_discount, f = format_reward, T = max_tries. An episode's
+    reward is the sum of its turns': the first try's turn pays at least f when its answer is found
+    but wrong, later turns before the last pay 0, and the last pays its score times d^(tries - 1).
+    With T = 1 a wrong answer pays max(score, f) < s when f < s. With T >= 2, a path whose first
+    right answer (score q >= s) comes on try k >= 2 pays at most f + q·d^(k-1) <= f + q·d, and the
+    same answer at once pays q; f + q·d <= q for every q >= s exactly when f <= s·(1 - d). Under
+    that inequality a path never right pays at most f + s·d^(T-1) < s, less than any right first
+    answer. So the knobs must satisfy 0 < s <= 1, 0 < d <= 1, 0 <= f < s and, with T >= 2,
+    f <= s·(1 - d) (up to 1e-12, so that decimal knobs such as d = 0.9, f = 0.1 pass).
+    """
+    if not 0.0 < success_threshold <= 1.0:
+        raise ValueError(
+            f"success_threshold must be in (0, 1] (scores are in [0, 1]), got {success_threshold}"
+        )
+    if not 0.0 < retry_discount <= 1.0:
+        raise ValueError(f"retry_discount must be in (0, 1], got {retry_discount}")
+    if not 0.0 <= format_reward < success_threshold:
+        raise ValueError(
+            f"format_reward must be in [0, success_threshold={success_threshold}), got {format_reward}"
+        )
+    bound = success_threshold * (1.0 - retry_discount)
+    if max_tries > 1 and format_reward > bound + 1e-12:
+        raise ValueError(
+            f"format_reward={format_reward} with max_tries={max_tries} and retry_discount={retry_discount} "
+            f"pays a wrong first answer then a right one (score {success_threshold:g}) "
+            f"{format_reward + retry_discount * success_threshold:g}, more than the right answer at once "
+            f"({success_threshold:g}). Need format_reward <= success_threshold * (1 - retry_discount) = "
+            f"{bound:g}: lower format_reward, lower retry_discount (e.g. 0.5 allows format_reward up to "
+            f"{success_threshold * 0.5:g}), or set max_tries=1"
+        )
+
+
 @register_environment("reasoning_gym")
 class ReasoningGymEnvironment(PooledEnvironment):
     """A reasoning-gym task as an environment (see the module docstring).
@@ -129,10 +166,12 @@ class ReasoningGymEnvironment(PooledEnvironment):
             raise ValueError(f"answer_format must be 'answer_tag' or 'boxed', got {answer_format!r}")
         if max_tries < 1:
             raise ValueError(f"max_tries must be >= 1, got {max_tries}")
-        if not 0.0 <= format_reward < success_threshold:
-            raise ValueError(
-                f"format_reward must be in [0, success_threshold={success_threshold}), got {format_reward}"
-            )
+        check_retry_rewards(
+            max_tries=max_tries,
+            success_threshold=success_threshold,
+            retry_discount=retry_discount,
+            format_reward=format_reward,
+        )
         self.dataset = dataset
         self.dataset_config = dict(dataset_config or {})
         self.answer_format = answer_format
