@@ -334,3 +334,60 @@ def test_transcript_of_an_episode_with_worked_examples_starts_at_the_task(tokeni
     assert row["prompt"] == product_prompt(347, 58)
     assert row["messages"][0] == {"role": "assistant", "content": call}
     assert row["completion"] == "\\boxed{20126}" and row["turns"] == 2 and row["reward"] == 1.0
+
+
+# --- max_observation_tokens is a hard cap, marker included (issue #29, item 7) --------------------
+
+
+def _content_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_cut_middle_is_a_hard_cap_marker_included(tokenizer):
+    from posttrain.rollout.rollout import cut_middle
+
+    long = {"role": "tool", "content": "word " * 300}  # SmolLM2: "word", 299 x " word", " ": 301 tokens
+    # limit 20: the marker "\n[... 293 tokens cut ...]\n" is 12 tokens (digits one token each), so 8
+    # tokens of the text stay: 4 from the start, 4 from the end; 4 + 12 + 4 = 20 (before: 20 + marker)
+    cut = cut_middle(tokenizer, long, 20)["content"]
+    assert cut == "word word word word\n[... 293 tokens cut ...]\n word word word "
+    assert _content_tokens(tokenizer, cut) == 20
+    # limit 4: the long marker does not fit, the short one "\n[...]\n" (4 tokens) does (before: 16)
+    assert cut_middle(tokenizer, long, 4)["content"] == "\n[...]\n"
+    # for any limit and text the content stays within it
+    texts = ["word " * 300, "1234567890" * 40, "naïve café – 日本語のテキスト " * 30, "x" * 500]
+    for text in texts:
+        for limit in [1, 2, 3, 5, 7, 11, 12, 13, 17, 33, 64]:
+            out = cut_middle(tokenizer, {"role": "tool", "content": text}, limit)["content"]
+            assert _content_tokens(tokenizer, out) <= limit, (text[:10], limit, out)
+
+
+def test_cut_observation_caps_the_messages_together(tokenizer):
+    from posttrain.rollout.rollout import cut_observation
+
+    long = {"role": "tool", "content": "word " * 300}
+    short = {"role": "tool", "content": "second result"}  # 2 tokens: kept whole
+    out = cut_observation(tokenizer, [long, short], 20)
+    assert out[1] == short
+    assert [_content_tokens(tokenizer, m["content"]) for m in out] == [18, 2]
+    # two long messages share the 20 tokens: 10 each (before: each got 20 plus its marker)
+    out = cut_observation(tokenizer, [long, long], 20)
+    assert [_content_tokens(tokenizer, m["content"]) for m in out] == [10, 10]
+    assert all(m["content"].startswith("word") and "[...]" in m["content"] for m in out)
+    assert cut_observation(tokenizer, [long, short], None) == [long, short]
+    assert cut_observation(tokenizer, [short, short], 4) == [short, short]  # fits: untouched
+
+
+def test_an_episode_observation_stays_within_max_observation_tokens(tokenizer):
+    # Counter's observation: "word " * 300 and "second result", two tool messages
+    rollouts, _ = _run(
+        tokenizer,
+        Counter(turns=2, long_observation=True),
+        ["x</count>"] * 2,
+        [{"start": 1}],
+        max_observation_tokens=12,
+        g=1,
+    )
+    tools = [m for m in rollouts.trajectories[0].messages if m["role"] == "tool"]
+    assert sum(_content_tokens(tokenizer, m["content"]) for m in tools) <= 12
+    assert tools[1]["content"] == "second result"

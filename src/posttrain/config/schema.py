@@ -513,9 +513,10 @@ class EnvironmentConfig(Strict):
     max_observation_tokens: int | None = Field(
         None,
         gt=0,
-        description="Cut an environment observation longer than this many tokens in the middle "
-        "(its start and end are kept); null: never cut. An episode that would exceed "
-        "policy.max_seq_len ends, truncated, either way.",
+        description="A hard cap on an environment observation's content tokens (all its messages "
+        "together, the cut marker included; the chat template's own tokens not counted): a longer one "
+        "is cut in the middle (its start and end are kept); null: never cut. An episode that would "
+        "exceed policy.max_seq_len ends, truncated, either way.",
     )
     turn_barrier: bool = Field(
         False,

@@ -156,17 +156,56 @@ def prompt_ids_of(tokenizer: Any, start: EpisodeStart) -> list[int]:
     return encode_prompt(tokenizer, start.messages, tools=start.tools)
 
 
+def _content_ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _cut_marker(tokenizer: Any, cut: int, max_tokens: int) -> str:
+    """The most telling marker of a cut that fits in `max_tokens` tokens: "[... n tokens cut ...]",
+    "[...]", "…", or none."""
+    for marker in (f"\n[... {cut} tokens cut ...]\n", "\n[...]\n", "…"):
+        if len(_content_ids(tokenizer, marker)) <= max_tokens:
+            return marker
+    return ""
+
+
 def cut_middle(tokenizer: Any, message: Message, max_tokens: int | None) -> Message:
-    """`message` with its content cut to `max_tokens` tokens, keeping the start and the end."""
+    """`message` with its content cut to at most `max_tokens` tokens, the cut's marker included:
+    the start and the end are kept around a marker ("[... n tokens cut ...]", shorter where that
+    does not fit). Holds: the returned content encodes (no special tokens) to <= max_tokens ids."""
     if max_tokens is None:
         return message
-    ids = tokenizer(message.get("content") or "", add_special_tokens=False)["input_ids"]
+    ids = _content_ids(tokenizer, message.get("content") or "")
     if len(ids) <= max_tokens:
         return message
-    head, tail = ids[: max_tokens // 2], ids[len(ids) - (max_tokens - max_tokens // 2) :]
-    marker = f"\n[... {len(ids) - max_tokens} tokens cut ...]\n"
-    content = tokenizer.decode(head) + marker + tokenizer.decode(tail)
-    return {**message, "content": content}
+    marker = _cut_marker(tokenizer, len(ids) - max_tokens, max_tokens)
+    keep = max_tokens - len(_content_ids(tokenizer, marker))
+    while True:  # decode + re-encode may merge tokens differently at the seams: shrink until it fits
+        head, tail = ids[: keep // 2], ids[len(ids) - (keep - keep // 2) :] if keep else []
+        marker = _cut_marker(tokenizer, len(ids) - keep, max_tokens) if marker else ""
+        content = tokenizer.decode(head) + marker + tokenizer.decode(tail)
+        if keep <= 0 or len(_content_ids(tokenizer, content)) <= max_tokens:
+            return {**message, "content": content}
+        keep -= 1
+
+
+def cut_observation(tokenizer: Any, messages: list[Message], max_tokens: int | None) -> list[Message]:
+    """An observation's messages with their contents cut (`cut_middle`) so that together they have
+    at most `max_tokens` content tokens, markers included (the chat template's own tokens are not
+    counted). Messages that fit in an even share of what the shorter ones leave are kept whole; the
+    longer ones share the rest equally."""
+    if max_tokens is None:
+        return messages
+    sizes = [len(_content_ids(tokenizer, m.get("content") or "")) for m in messages]
+    if sum(sizes) <= max_tokens:
+        return messages
+    shares, left, open_ = dict.fromkeys(range(len(messages)), 0), max_tokens, len(messages)
+    for i in sorted(range(len(messages)), key=lambda i: sizes[i]):
+        shares[i] = min(sizes[i], left // open_)
+        left, open_ = left - shares[i], open_ - 1
+    return [
+        m if sizes[i] <= shares[i] else cut_middle(tokenizer, m, shares[i]) for i, m in enumerate(messages)
+    ]
 
 
 def new_trajectories(
@@ -322,9 +361,7 @@ def apply_step(
     if t.done:
         t.stop_reason = "done" if env_done else "truncated" if full else "max_turns"
         return
-    messages = [
-        cut_middle(tokenizer, m, limits.max_observation_tokens) for m in observation_messages(observation)
-    ]
+    messages = cut_observation(tokenizer, observation_messages(observation), limits.max_observation_tokens)
     extra = observation_ids(tokenizer, turn_ids, messages) + t.prefix_ids
     if append_observation(t, extra, messages, limits.max_seq_len):
         t.truncated = False  # the turn cut at max_new_tokens is over; the episode goes on
