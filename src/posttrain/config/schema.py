@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -527,6 +527,33 @@ class EnvironmentConfig(Strict):
         "is stepped). An FSDP2-sharded colocated policy with the HF backend always uses the "
         "turn-by-turn loop.",
     )
+
+    @model_validator(mode="after")
+    def _turn_limits_agree(self) -> EnvironmentConfig:
+        """An episode the environment allows n turns needs max_turns >= n: the rollout would otherwise
+        end it first and the environment's last turn (its shaped reward, its last try) is never paid."""
+        limit = environment_turn_limit(self.name, self.kwargs) if self.model_fields_set else None
+        if limit is not None and limit[1] > self.max_turns:
+            key, value = limit
+            raise ValueError(
+                f"environment.kwargs.{key}={value} is above environment.max_turns={self.max_turns}: the "
+                f"rollout would end an episode after {self.max_turns} turns, before the {self.name} "
+                f"environment has scored its last allowed turn (the sliding puzzle's shaped reward, "
+                f"reasoning-gym's last try would never be paid). Set environment.max_turns={value}, "
+                f"or environment.kwargs.{key}={self.max_turns}"
+            )
+        return self
+
+
+def environment_turn_limit(name: str, kwargs: dict[str, Any]) -> tuple[str, int] | None:
+    """The constructor argument that bounds an episode's turns of the registered environment `name`,
+    and its value (`posttrain.environments.interface.episode_turn_limit`); None for an environment
+    without one, or a name that is not registered (an import path is not imported here)."""
+    import posttrain.environments  # noqa: F401  (registers the built-in environments)
+    from posttrain.environments.interface import ENVIRONMENTS, episode_turn_limit
+
+    cls = ENVIRONMENTS.get(name)
+    return None if cls is None else episode_turn_limit(cls, kwargs)
 
 
 class ConfigWarning(UserWarning):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -270,6 +271,21 @@ def resolve_environment(name: str | type) -> type:
         f"unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}. Register yours with "
         "@register_environment(name), or give an import path like 'my_package.envs:MyEnvironment'"
     )
+
+
+def episode_turn_limit(cls: type, kwargs: dict[str, Any]) -> tuple[str, int] | None:
+    """(argument, value): the constructor argument that bounds an episode's turns, which an
+    environment class names in `turn_limit_kwarg` (the sliding puzzle's "max_moves", reasoning-gym's
+    "max_tries"), and its value in `kwargs` or, absent there, its default. None for a class without one.
+
+    The rollout's `environment.max_turns` must be at least that value, or episodes are cut before
+    the environment pays their last turn (config validation checks it)."""
+    name = getattr(cls, "turn_limit_kwarg", None)
+    if name is None:
+        return None
+    if name in kwargs:
+        return name, int(kwargs[name])
+    return name, int(inspect.signature(cls).parameters[name].default)
 
 
 def make_environment(name: str | type, **kwargs: Any) -> Environment:

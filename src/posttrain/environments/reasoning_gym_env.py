@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from posttrain.environments.interface import (
     EnvStepResult,
@@ -142,6 +142,9 @@ class ReasoningGymEnvironment(PooledEnvironment):
     Metadata: the task's fields, "entry" (question, answer, metadata) and "tries" (answers so far).
     Info per turn: "extracted_answer", "score", "correct", "tries", "verifier_error".
     """
+
+    turn_limit_kwarg: ClassVar[str] = "max_tries"
+    """`environment.max_turns` must be at least `max_tries` (checked by the config): see `episode_turn_limit`."""
 
     def __init__(
         self,

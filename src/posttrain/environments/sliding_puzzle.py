@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import re
 from collections import deque
-from typing import Any
+from typing import Any, ClassVar
 
 from posttrain.environments.interface import (
     EnvStepResult,
@@ -221,7 +221,8 @@ class SlidingPuzzleEnvironment:
 
     Tasks are `{"size": int, "shuffle_moves": int, "puzzle_seed": int}` (from `generate_tasks`);
     `reset` turns each into its board deterministically, so a fixed list of tasks is a held-out set.
-    A task without "puzzle_seed" takes the episode's seed; a task's "max_moves" overrides the default.
+    A task without "puzzle_seed" takes the episode's seed; a task's "max_moves" can lower the
+    environment's `max_moves`, never raise it (the config checks `max_moves` against `environment.max_turns`).
 
     Args:
         min_size, max_size: board sizes drawn by `generate_tasks` (inclusive).
@@ -241,6 +242,9 @@ class SlidingPuzzleEnvironment:
     "max_moves". Info per turn: "action" (parsed, or None), "outcome" ("moved", "view",
     "illegal", "no_action"), "solved", "moves".
     """
+
+    turn_limit_kwarg: ClassVar[str] = "max_moves"
+    """`environment.max_turns` must be at least `max_moves` (checked by the config): see `episode_turn_limit`."""
 
     def __init__(
         self,
@@ -286,7 +290,7 @@ class SlidingPuzzleEnvironment:
                 **task,
                 "grid": grid,
                 "moves": 0,
-                "max_moves": int(task.get("max_moves", self.max_moves)),
+                "max_moves": min(int(task.get("max_moves", self.max_moves)), self.max_moves),
             }
             starts.append(
                 EpisodeStart(
