@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -801,7 +801,116 @@ RL_POLICY = PolicyConfig(
 RL_CHECKPOINT = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
 
 
-class GRPOConfig(Strict):
+# ----------------------------------------------------------------- the RL configs' shared checks
+def check_rl_config(cfg: Any, loop: str) -> None:
+    """The checks every RL config (GRPOConfig, PPOConfig, DistillConfig) runs, in one place so that
+    they cannot drift apart. `loop`: the name of its loop section (grpo, ppo, distill); `cfg.grpo` is
+    that section under the name the shared trainer reads. Raises ValueError; warns with ConfigWarning."""
+    cfg.generation.check_lora_adapter(cfg.policy.lora)
+    if cfg.generation.placement == "split":
+        cfg.generation.check_refit_transport(cfg.cluster, sharded=cfg.policy.split_weights)
+    check_minibatches(loop, cfg.grpo, cfg.cluster.policy_workers(), "policy")
+    teacher = getattr(cfg, "teacher", None)
+    if teacher is not None and cfg.cluster.backend == "local" and teacher.num_workers > 1:
+        raise ValueError(
+            f"teacher.num_workers={teacher.num_workers} with cluster.backend=local: the local backend "
+            "runs one in-process worker per group; set teacher.num_workers=1 or cluster.backend=ray"
+        )
+    loss = getattr(cfg, "loss", None)
+    if loss is not None:
+        check_truncated_sampling(cfg, loop)
+        if loss.importance_correction is not None and cfg.generation.backend == "hf":
+            if cfg.generation.placement == "colocated":
+                config_warning(
+                    f"loss.importance_correction={loss.importance_correction} corrects for an inference "
+                    "engine that differs from the trainer, but generation.backend=hf colocated samples with "
+                    "the trainer's own model and weights (ratio 1 up to rounding): it has no effect here"
+                )
+
+
+def check_minibatches(loop: str, section: Any, workers: int, role: str) -> None:
+    """Each of the `updates_per_batch` minibatches must split evenly over `workers` data-parallel ranks.
+
+    The batch (prompts_per_step × generations_per_prompt sequences) is cut into `updates_per_batch`
+    contiguous minibatches whose sizes differ by at most one, and every minibatch into equal shards,
+    one per rank (FSDP2 ranks run collectives in every forward, so they must take the same
+    microbatches). With several workers the batch must therefore be a multiple of updates_per_batch ×
+    workers; one worker takes any updates_per_batch up to the batch size. Otherwise the run would
+    fail at its first update."""
+    updates, batch = section.updates_per_batch, section.prompts_per_step * section.generations_per_prompt
+    if batch % (updates * workers) == 0 or (workers == 1 and updates <= batch):
+        return
+    fits = [u for u in range(1, batch + 1) if batch % (u * workers) == 0]
+    if workers == 1:
+        hint = f"Set {loop}.updates_per_batch to at most {batch}"
+    elif fits:
+        hint = f"Set {loop}.updates_per_batch to one of {fits}"
+    else:
+        hint = f"Make {loop}.prompts_per_step × {loop}.generations_per_prompt a multiple of the {workers} workers"
+    raise ValueError(
+        f"{loop}.updates_per_batch={updates} does not split the rollout batch of {batch} sequences "
+        f"({loop}.prompts_per_step={section.prompts_per_step} × {loop}.generations_per_prompt="
+        f"{section.generations_per_prompt}) into minibatches that divide evenly over the {workers} {role} "
+        f"worker(s): with several workers the batch must be a multiple of updates_per_batch × workers. "
+        f"{hint}, or change {loop}.prompts_per_step or the number of workers"
+    )
+
+
+def generation_logprob_uses(cfg: Any, loop: str) -> list[str]:
+    """What feeds the generator's logprobs into the loss or the advantages (not only into metrics)."""
+    loss, section = cfg.loss, cfg.grpo
+    uses = []
+    if loss.importance_correction is not None:
+        uses.append(f"loss.importance_correction={loss.importance_correction} weights by π_old / π_gen")
+    if getattr(section, "async_mode", False):
+        uses.append(f"{loop}.async_mode=true corrects stale data with the behaviour logprobs")
+    if loss.kl_in_reward and loss.kl_beta > 0 and section.updates_per_batch == 1:
+        uses.append(f"loss.kl_in_reward with {loop}.updates_per_batch=1 takes π_old from the generator")
+    estimator = getattr(cfg.advantage, "estimator", None)
+    if estimator == "on_policy_distill" and section.updates_per_batch == 1:
+        uses.append(
+            f"advantage.estimator=on_policy_distill with {loop}.updates_per_batch=1 takes the student's "
+            "logprobs from the generator"
+        )
+    return uses
+
+
+def check_truncated_sampling(cfg: Any, loop: str) -> None:
+    """vLLM with top_p < 1 or top_k reports the logprobs of the truncated distribution it samples
+    from (`processed_logprobs`); the trainer computes the full softmax (posttrain's HF sampler reports
+    that one). Refused where the generator's logprobs enter the loss or the advantages (the ratios
+    would be biased by the truncation); else a warning that the engine-mismatch metrics include it."""
+    g = cfg.generation
+    if g.backend != "vllm" or g.temperature == 0 or (g.top_p >= 1.0 and g.top_k is None):
+        return
+    knobs = f"generation.top_p={g.top_p}, generation.top_k={g.top_k}"
+    if uses := generation_logprob_uses(cfg, loop):
+        raise ValueError(
+            f"generation.backend=vllm with {knobs}: vLLM's logprobs are of the truncated distribution it "
+            f"samples from, while training computes the full softmax, so log π_gen is too high on every "
+            f"token and the ratios against it are biased; but {'; '.join(uses)}. Set generation.top_p=1 "
+            "and generation.top_k=null, or use generation.backend=hf (its logprobs are of the full "
+            "softmax), or turn those off"
+        )
+    config_warning(
+        f"generation.backend=vllm with {knobs}: vLLM's logprobs are of the truncated distribution, so "
+        "token_mult_prob_error, gen_kl and entropy include the truncation, not only the engine mismatch"
+    )
+
+
+class RLChecks(Strict):
+    """Base of the RL configs: runs `check_rl_config` (the one shared set) before each config's own
+    validators. `LOOP` names the config's loop section."""
+
+    LOOP: ClassVar[str] = "grpo"
+
+    @model_validator(mode="after")
+    def _rl_checks(self) -> RLChecks:
+        check_rl_config(self, self.LOOP)
+        return self
+
+
+class GRPOConfig(RLChecks):
     """`posttrain grpo`."""
 
     policy: PolicyConfig = RL_POLICY
@@ -821,13 +930,6 @@ class GRPOConfig(Strict):
     logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
-    def _refit_transport_fits_cluster(self) -> GRPOConfig:
-        self.generation.check_lora_adapter(self.policy.lora)
-        if self.generation.placement == "split":
-            self.generation.check_refit_transport(self.cluster, sharded=self.policy.split_weights)
-        return self
-
-    @model_validator(mode="after")
     def _algorithm_combinations(self) -> GRPOConfig:
         """Warn about half-configured recipes whose sections disagree (see docs/algorithms.md)."""
         estimator, aggregation = self.advantage.estimator, self.loss.aggregation
@@ -835,16 +937,6 @@ class GRPOConfig(Strict):
             config_warning(
                 f"advantage.estimator=dr_grpo with loss.aggregation={aggregation}: Dr.GRPO removes both the "
                 "std and the per-sequence length normalisation; set loss.aggregation=seq_mean_token_sum"
-            )
-        if (
-            self.loss.importance_correction is not None
-            and self.generation.backend == "hf"
-            and (self.generation.placement == "colocated")
-        ):
-            config_warning(
-                f"loss.importance_correction={self.loss.importance_correction} corrects for an inference "
-                "engine that differs from the trainer, but generation.backend=hf colocated samples with the "
-                "trainer's own model and weights (ratio 1 up to rounding): it has no effect here"
             )
         return self
 
@@ -862,9 +954,6 @@ class GRPOConfig(Strict):
                 "the teacher section is used only by advantage.estimator=on_policy_distill; set that "
                 "estimator or remove the teacher"
             )
-        if distill and self.teacher.placement == "split" and self.cluster.backend == "local":
-            if self.teacher.num_workers > 1:
-                raise ValueError("teacher.num_workers > 1 needs cluster.backend=ray")
         return self
 
     @model_validator(mode="after")
@@ -927,36 +1016,6 @@ class GRPOConfig(Strict):
                 "grpo.partial_rollouts=true is not implemented in the continuous multi-turn decoder: set "
                 "environment.turn_barrier=true"
             )
-
-    @model_validator(mode="after")
-    def _minibatches_fit_workers(self) -> GRPOConfig:
-        """Each of the `updates_per_batch` minibatches must split evenly over the policy workers.
-
-        The rollout batch (prompts_per_step × generations_per_prompt sequences) is cut into
-        `updates_per_batch` contiguous minibatches whose sizes differ by at most one, and every
-        minibatch into equal shards, one per data-parallel rank (FSDP2 ranks run collectives in
-        every forward, so they must take the same microbatches). With several workers the batch
-        must therefore be a multiple of updates_per_batch × workers; one worker takes any
-        updates_per_batch up to the batch size. Otherwise the run would fail at its first update.
-        """
-        g, workers = self.grpo, self.cluster.policy_workers()
-        batch = g.prompts_per_step * g.generations_per_prompt
-        if batch % (g.updates_per_batch * workers) == 0 or (workers == 1 and g.updates_per_batch <= batch):
-            return self
-        fits = [u for u in range(1, batch + 1) if batch % (u * workers) == 0]
-        if workers == 1:
-            hint = f"Set grpo.updates_per_batch to at most {batch}"
-        elif fits:
-            hint = f"Set grpo.updates_per_batch to one of {fits}"
-        else:
-            hint = f"Make prompts_per_step × generations_per_prompt a multiple of the {workers} workers"
-        raise ValueError(
-            f"grpo.updates_per_batch={g.updates_per_batch} does not split the rollout batch of {batch} "
-            f"sequences (grpo.prompts_per_step={g.prompts_per_step} × grpo.generations_per_prompt="
-            f"{g.generations_per_prompt}) into minibatches that divide evenly over the {workers} policy "
-            f"worker(s): with several workers the batch must be a multiple of updates_per_batch × workers. "
-            f"{hint}, or change grpo.prompts_per_step or cluster.num_workers"
-        )
 
 
 ALGORITHM_CONFIGS: dict[str, type[Strict]] = {"sft": SFTConfig, "grpo": GRPOConfig}
@@ -1315,9 +1374,11 @@ class DistillTrainerConfig(Strict):
     seed: int = 0
 
 
-class DistillConfig(Strict):
+class DistillConfig(RLChecks):
     """`posttrain distill`: the student samples, the teacher scores its tokens (top-k), the student
     minimises the divergence on its own tokens. Default task: the GRPO quickstart's."""
+
+    LOOP: ClassVar[str] = "distill"
 
     policy: PolicyConfig = RL_POLICY
     teacher: TeacherConfig = TeacherConfig()
@@ -1337,27 +1398,6 @@ class DistillConfig(Strict):
     def grpo(self) -> DistillTrainerConfig:
         """The loop settings under the name the shared RL phases (GRPOTrainer's) read."""
         return self.distill
-
-    @model_validator(mode="after")
-    def _placements_fit_cluster(self) -> DistillConfig:
-        self.generation.check_lora_adapter(self.policy.lora)
-        if self.generation.placement == "split":
-            self.generation.check_refit_transport(self.cluster, sharded=self.policy.split_weights)
-        if self.cluster.backend == "local" and self.teacher.num_workers > 1:
-            raise ValueError(
-                f"teacher.num_workers={self.teacher.num_workers} with cluster.backend=local: the local "
-                "backend runs one in-process worker per group; set teacher.num_workers=1 or cluster.backend=ray"
-            )
-        d, workers = self.distill, self.cluster.policy_workers()
-        batch = d.prompts_per_step * d.generations_per_prompt
-        if batch % (d.updates_per_batch * workers) and not (workers == 1 and d.updates_per_batch <= batch):
-            raise ValueError(
-                f"distill.updates_per_batch={d.updates_per_batch} does not split the batch of {batch} "
-                f"sequences (distill.prompts_per_step x distill.generations_per_prompt) into minibatches "
-                f"that divide evenly over the {workers} student worker(s); make the batch a multiple of "
-                "updates_per_batch x workers"
-            )
-        return self
 
 
 ALGORITHM_CONFIGS["distill"] = DistillConfig
@@ -1474,8 +1514,10 @@ class PPOTrainerConfig(GRPOTrainerConfig):
     )
 
 
-class PPOConfig(Strict):
+class PPOConfig(RLChecks):
     """`posttrain ppo`: PPO with a learned critic and GAE, on GRPO's rollouts, environments and losses."""
+
+    LOOP: ClassVar[str] = "ppo"
 
     policy: PolicyConfig = RL_POLICY
     critic: CriticConfig = CriticConfig()
@@ -1505,9 +1547,6 @@ class PPOConfig(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> PPOConfig:
-        self.generation.check_lora_adapter(self.policy.lora)
-        if self.generation.placement == "split":
-            self.generation.check_refit_transport(self.cluster, sharded=self.policy.fsdp)
         if self.ppo.async_mode:
             raise ValueError(
                 "ppo.async_mode=true: asynchronous rollouts are not supported by PPO yet (its critic's "
@@ -1527,20 +1566,8 @@ class PPOConfig(Strict):
                 f"critic.num_workers={self.critic.num_workers} with cluster.backend=local: the local "
                 "backend runs one in-process worker per group; set critic.num_workers=1 or cluster.backend=ray"
             )
-        p = self.ppo
-        batch = p.prompts_per_step * p.generations_per_prompt
-        policy_workers = self.cluster.policy_workers()
-        critic_workers = self.critic.num_workers if self.critic.placement == "split" else policy_workers
-        for name, workers in (("policy", policy_workers), ("critic", critic_workers)):
-            if batch % (p.updates_per_batch * workers) and not (
-                workers == 1 and p.updates_per_batch <= batch
-            ):
-                raise ValueError(
-                    f"ppo.updates_per_batch={p.updates_per_batch} does not split the batch of {batch} "
-                    f"sequences (ppo.prompts_per_step x ppo.generations_per_prompt) into minibatches that "
-                    f"divide evenly over the {workers} {name} worker(s); make the batch a multiple of "
-                    "updates_per_batch x workers"
-                )
+        if self.critic.placement == "split":  # the policy's workers: in check_rl_config
+            check_minibatches("ppo", self.ppo, self.critic.num_workers, "critic")
         return self
 
 
