@@ -10,7 +10,8 @@ first update of a set of names goes through vLLM's own loader and records where 
 Logprobs: vLLM is asked for `processed_logprobs`, the logprobs of the distribution it samples
 from after temperature scaling. With top-p = 1 and no top-k that is log softmax(z / T), the
 distribution RL trains (see `posttrain.generation.sampling`); with top-p / top-k truncation vLLM
-reports the truncated distribution instead, unlike the HF backend.
+reports the truncated distribution instead, unlike the HF backend; the config refuses that wherever
+generation logprobs enter the loss or the advantages (`posttrain.config.schema.check_truncated_sampling`).
 """
 
 from __future__ import annotations
