@@ -138,6 +138,12 @@ class EnvironmentGroup:
     def num_workers(self) -> int:
         return len(self.names)
 
+    @property
+    def needs_whole_groups(self) -> bool:
+        """Whether the environment scores a group's samples together (the pairwise judge): then a
+        rollout loop steps a group only when all its running episodes have ended their turn."""
+        return self._whole_groups
+
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         """Step every sample, results in input order. The batch is split in contiguous chunks, one per
         worker, or, for an environment that needs whole groups, in pieces of whole groups."""

@@ -6,8 +6,9 @@ ready, inside one continuously batched decode (`posttrain.generation.continuous.
         rows from the queue join the decode batch (up to batch_size rows)
         one decode step for every row
         the rows whose turn ended leave: their environment step runs now (one batched call for the
-        rows that ended on the same step); an episode that goes on joins the queue with its
-        observation appended
+        rows that ended on the same step; for an environment that needs whole groups, such as the
+        pairwise judge, once every running episode of the row's group has ended its turn); an
+        episode that goes on joins the queue with its observation appended
 
 Where the turn-by-turn loop waits for the batch's longest reply before any environment step, and
 for every environment step before the next turn, here a short reply's episode is stepped and
@@ -66,6 +67,8 @@ def episode_loop(
     )
     queue = list(range(len(trajectories)))
     kept: dict[int, list] = {}  # episode -> the KV cache of its finished turn, while it waits
+    waiting: dict[int, tuple] = {}  # episode -> (its ended turn, its cache), until it is stepped
+    whole_groups = needs_whole_groups(environment)
     results: list[EnvStepResult] = []
     was_training = model.training
     model.eval()
@@ -76,22 +79,36 @@ def episode_loop(
                 queue[max(batch_size - len(decoder), 0) :],
             )
             _join(decoder, trajectories, joining, kept, params, limits)
-            ended = decoder.step()
-            if ended:
-                going_on = _step_ended(
-                    [row.key for row in ended],
-                    [(row.tokens, row.logprobs, row.finished_by == "length") for row in ended],
-                    trajectories,
-                    environment,
-                    tokenizer,
-                    limits,
-                    results,
-                )
-                kept.update({row.key: row.cache for row in ended if row.key in going_on})
+            for row in decoder.step():
+                waiting[row.key] = ((row.tokens, row.logprobs, row.finished_by == "length"), row.cache)
+            ready = ready_to_step(list(waiting), trajectories, whole_groups)
+            if ready:
+                turns = [waiting[k][0] for k in ready]
+                going_on = _step_ended(ready, turns, trajectories, environment, tokenizer, limits, results)
+                kept.update({k: waiting[k][1] for k in going_on})
+                for k in ready:
+                    del waiting[k]
                 queue += going_on
     finally:
         model.train(was_training)
     return trajectories, results
+
+
+def needs_whole_groups(environment: Any) -> bool:
+    """Whether `environment` scores the samples of a group together (`needs_whole_groups`: the
+    pairwise judge; an `EnvironmentGroup` reports its environment's)."""
+    return bool(getattr(environment, "needs_whole_groups", False))
+
+
+def ready_to_step(waiting: list[int], trajectories: list[Trajectory], whole_groups: bool) -> list[int]:
+    """The episodes among `waiting` (their turn ended) to step now, in `waiting`'s order: all of them;
+    or, for an environment that needs whole groups, those whose group's running episodes have all
+    ended their turn (a per-group turn barrier: the group is stepped in one call, never split)."""
+    if not whole_groups:
+        return waiting
+    ended = set(waiting)
+    open_groups = {t.group_id for k, t in enumerate(trajectories) if not t.done and k not in ended}
+    return [k for k in waiting if trajectories[k].group_id not in open_groups]
 
 
 def _join(
@@ -177,6 +194,8 @@ def engine_episode_loop(
     k)`: its own, whatever the order requests finish in. Returns the trajectories (the same objects, in
     the same order) and the environment's step results."""
     pending: dict[str, tuple[int, tuple[str, ...]]] = {}  # request id -> (episode, its stop strings)
+    waiting: dict[int, tuple[list[int], list[float], bool]] = {}  # episode -> its ended turn
+    whole_groups = needs_whole_groups(environment)
     results: list[EnvStepResult] = []
 
     def submit(k: int) -> None:
@@ -196,18 +215,13 @@ def engine_episode_loop(
         while pending:
             if not engine.has_unfinished():
                 raise RuntimeError(f"the vLLM engine finished with {len(pending)} episode turns not reported")
-            finished = [(pending.pop(request_id), out) for request_id, out in engine.step()]
-            if finished:
-                going_on = _step_ended(
-                    [k for (k, _), _ in finished],
-                    [engine.completion(out, stops) for (_, stops), out in finished],
-                    trajectories,
-                    environment,
-                    tokenizer,
-                    limits,
-                    results,
-                )
-                for k in going_on:
+            for request_id, out in engine.step():
+                k, stops = pending.pop(request_id)
+                waiting[k] = engine.completion(out, stops)
+            ready = ready_to_step(list(waiting), trajectories, whole_groups)
+            if ready:
+                turns = [waiting.pop(k) for k in ready]
+                for k in _step_ended(ready, turns, trajectories, environment, tokenizer, limits, results):
                     submit(k)
     finally:
         engine.abort(list(pending))  # an environment error leaves no request behind in the engine
