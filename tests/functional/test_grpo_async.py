@@ -84,8 +84,14 @@ def test_async_age_one_recomputes_pi_old_and_resumes_with_the_buffer(tiny_model_
     # batch 1 is generated with version 0 while the trainer trains step 1: one update old
     assert rows[0]["async/age_max"] == 0 and rows[1]["async/age_max"] == 1
     assert "timing/old_logprobs" not in rows[0]
+    # exactly on-policy: the loss's token_mult_prob_error is the engine mismatch alone
+    assert rows[0]["async/fresh_token_fraction"] == 1.0 and rows[0]["token_mult_prob_error"] >= 1.0
+    assert "async/staleness_mult_prob_error" not in rows[0]
     for r in rows[1:]:
         assert r["timing/old_logprobs"] > 0  # π_old recomputed for data that is not exactly on-policy
+        # every row one update old: the gap is staleness, reported apart, never as the engine mismatch
+        assert r["async/fresh_token_fraction"] == 0.0 and "token_mult_prob_error" not in r
+        assert r["async/staleness_mult_prob_error"] > 1.0 and r["async/staleness_kl"] > 0.0
         assert r["async/is_weight_min"] <= r["async/is_weight_mean"] <= r["async/is_weight_max"]
         assert r["async/is_weight_mean"] != 1.0  # an update apart: the weights moved
         assert 0.0 <= r["async/overlap_fraction"] <= 1.0 and r["async/buffer_fill"] <= 1.0

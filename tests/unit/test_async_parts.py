@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from posttrain.algorithms.metrics import importance_ratio_stats
@@ -111,3 +112,77 @@ def test_partial_rollout_trajectory_is_as_old_as_its_oldest_token():
     assert groups[0].age(5) == 2
     assert not exactly_on_policy(torch.tensor([switched.policy_version, late.policy_version]), 5)
     assert exactly_on_policy(torch.tensor([late.policy_version]), 5)
+
+
+# Engine mismatch vs staleness (issue #29 item 12), a hand-built batch; the trainer is at version 5.
+#   row 0: version 5 (fresh), valid t0 t1:  gen - old = [0, ln 2]      -> exp|.| = [1, 2]
+#   row 1: version 4 (stale), valid t0..t2: gen - old = [ln 4, 0, -ln 4] -> exp|.| = [4, 1, 4]
+#   row 2: version 5 (fresh), valid t1 t2:  gen - old = [-ln 2, 0]     -> exp|.| = [2, 1]
+# fresh: token_mult_prob_error = (1 + 2 + 2 + 1) / 4 = 1.5; gen_kl = mean k3 with log r = old - gen:
+#   k3(-ln 2) = 1/2 + ln 2 - 1, k3(ln 2) = 2 - ln 2 - 1 -> sum 0.5 -> 0.125
+# stale: (4 + 1 + 4) / 3 = 3; k3(-ln 4) = 1/4 + ln 4 - 1, k3(ln 4) = 4 - ln 4 - 1 -> sum 2.25 -> 0.75
+# all rows together (what the loss reported before): (1 + 2 + 4 + 1 + 4 + 2 + 1) / 7 = 15 / 7
+LN2, LN4, NAN = math.log(2), math.log(4), float("nan")
+
+
+def _gap_batch(versions=(5, 4, 5), old_logprobs=True):
+    from posttrain.rollout.rollout import RLBatch
+
+    old = torch.tensor([[-1.0, -2.0, NAN], [-1.0, -1.0, -1.0], [NAN, -0.5, -3.0]], dtype=torch.float64)
+    gap = torch.tensor([[0.0, LN2, 0.0], [LN4, 0.0, -LN4], [0.0, -LN2, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    return RLBatch(
+        input_ids=torch.zeros(3, 3, dtype=torch.long),
+        attention_mask=torch.ones(3, 3, dtype=torch.long),
+        loss_mask=mask,
+        advantages=torch.tensor([1.0, -1.0, 0.5]),
+        generation_logprobs=old + gap,
+        old_logprobs=old if old_logprobs else None,
+        policy_versions=torch.tensor(versions),
+    )
+
+
+def test_mismatch_and_staleness_hand_worked():
+    from posttrain.algorithms.metrics import mismatch_and_staleness
+
+    b = _gap_batch()
+    out = mismatch_and_staleness(b.old_logprobs, b.generation_logprobs, b.loss_mask, b.policy_versions, 5)
+    assert out == {
+        "fresh_token_fraction": pytest.approx(4 / 7, rel=1e-12),
+        "token_mult_prob_error": pytest.approx(1.5, rel=1e-12),
+        "gen_kl": pytest.approx(0.125, rel=1e-12),
+        "staleness_mult_prob_error": pytest.approx(3.0, rel=1e-12),
+        "staleness_kl": pytest.approx(0.75, rel=1e-12),
+    }
+    # all rows stale (the trainer moved on): no engine-mismatch figure, the staleness over all 7 tokens
+    out = mismatch_and_staleness(b.old_logprobs, b.generation_logprobs, b.loss_mask, b.policy_versions, 6)
+    assert set(out) == {"fresh_token_fraction", "staleness_mult_prob_error", "staleness_kl"}
+    assert out["staleness_mult_prob_error"] == pytest.approx(15 / 7, rel=1e-12)
+    assert out["fresh_token_fraction"] == 0.0
+
+
+def test_async_step_reports_engine_mismatch_on_fresh_rows_and_staleness_apart():
+    from posttrain.trainers.grpo import grpo_loss
+    from posttrain.trainers.grpo_async import logprob_gap_metrics
+
+    b = _gap_batch()
+    current = torch.nan_to_num(b.old_logprobs).requires_grad_(True)  # the policy's forward
+    _, loss_metrics = grpo_loss(current, b, 7.0, token_normalizer=7.0)
+    assert loss_metrics["token_mult_prob_error"] == pytest.approx(15 / 7, rel=1e-6)  # mixed with staleness
+    metrics = logprob_gap_metrics({**loss_metrics, "async/is_weight_mean": 0.9}, b, version=5)
+    assert metrics["token_mult_prob_error"] == pytest.approx(1.5, rel=1e-12)
+    assert metrics["gen_kl"] == pytest.approx(0.125, rel=1e-12)
+    assert metrics["async/staleness_mult_prob_error"] == pytest.approx(3.0, rel=1e-12)
+    assert metrics["async/staleness_kl"] == pytest.approx(0.75, rel=1e-12)
+    assert metrics["async/fresh_token_fraction"] == pytest.approx(4 / 7, rel=1e-12)
+    assert metrics["pg_loss"] == loss_metrics["pg_loss"] and metrics["async/is_weight_mean"] == 0.9
+    # no fresh row: the engine mismatch is not reported at all (rather than a figure that is staleness)
+    stale = logprob_gap_metrics(loss_metrics, b, version=6)
+    assert "token_mult_prob_error" not in stale and "gen_kl" not in stale
+    assert stale["async/staleness_mult_prob_error"] == pytest.approx(15 / 7, rel=1e-12)
+    # exactly on-policy (π_old skipped: the loss compared with the current = behaviour weights)
+    on_policy = _gap_batch(versions=(5, 5, 5), old_logprobs=False)
+    assert logprob_gap_metrics(loss_metrics, on_policy, version=5) == {
+        **loss_metrics,
+        "async/fresh_token_fraction": 1.0,
+    }

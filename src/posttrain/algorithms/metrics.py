@@ -50,6 +50,38 @@ def generation_kl(
     return masked_mean(torch.exp(log_r) - log_r - 1, mask)
 
 
+def mismatch_and_staleness(
+    old_logprobs: torch.Tensor,
+    gen_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    versions: torch.Tensor,
+    version: int,
+) -> dict[str, float]:
+    """The engine mismatch and the staleness of an asynchronous batch, reported apart.
+
+    π_old (``old_logprobs``) is the trainer's policy at ``version``; row b was sampled by the engine
+    with the weights of version ``versions[b]`` (-1: unknown), giving ``gen_logprobs``. Rows with
+    versions[b] == version ("fresh") compare the engine with the trainer at the SAME weights: their
+    ``token_mult_prob_error`` and ``gen_kl`` (as defined above) are the engine mismatch alone. Every
+    other row ("stale") compares the behaviour policy with a newer one: ``staleness_mult_prob_error``
+    and ``staleness_kl`` (k3 estimate of KL(π_behav || π_old)) measure the policy's drift since,
+    plus the engine mismatch (the trainer's logprobs at the behaviour version are not kept).
+    ``fresh_token_fraction``: the fresh rows' share of the valid tokens. A metric whose rows hold no
+    valid token is left out. Shapes: [B, T] x3, [B] -> dict of floats.
+    """
+    valid = mask.to(torch.bool)
+    fresh_rows = (versions == version).to(valid.device)[:, None]
+    fresh, stale = valid & fresh_rows, valid & ~fresh_rows
+    out = {"fresh_token_fraction": float(fresh.sum()) / max(float(valid.sum()), 1.0)}
+    if fresh.any():
+        out["token_mult_prob_error"] = float(token_mult_prob_error(old_logprobs, gen_logprobs, fresh))
+        out["gen_kl"] = float(generation_kl(old_logprobs, gen_logprobs, fresh))
+    if stale.any():
+        out["staleness_mult_prob_error"] = float(token_mult_prob_error(old_logprobs, gen_logprobs, stale))
+        out["staleness_kl"] = float(generation_kl(old_logprobs, gen_logprobs, stale))
+    return out
+
+
 def approx_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Monte-Carlo entropy estimate from the sampled tokens: H ≈ -(1/|valid|) sum_{valid t} log π(x_t).
 

@@ -71,7 +71,12 @@ from posttrain.trainers.common import (
     seed_everything,
     sigterm_as_interrupt,
 )
-from posttrain.trainers.grpo_async import AsyncRollouts, behaviour_ratio_metrics, exactly_on_policy
+from posttrain.trainers.grpo_async import (
+    AsyncRollouts,
+    behaviour_ratio_metrics,
+    exactly_on_policy,
+    logprob_gap_metrics,
+)
 
 PLOTS = [
     "reward/mean",
@@ -105,6 +110,9 @@ def grpo_loss(
     compare the generator with π_old, the policy that the batch was sampled for (``old_logprobs``
     when the batch gets several updates, else the current policy, which then is π_old): they
     measure the engine mismatch, not how far the policy has moved since (NeMo RL's definition).
+    That holds for rows sampled by π_old's own weights; in async mode stale rows also carry the
+    policy's drift, so the trainer replaces both with their values over the fresh rows and reports
+    the stale rows' gap apart (`posttrain.trainers.grpo_async.logprob_gap_metrics`).
     """
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     loss, metrics = POLICY_LOSSES[policy_loss](
@@ -641,6 +649,7 @@ class GRPOTrainer:
             metrics.update(
                 behaviour_ratio_metrics(batch, cfg.loss.importance_min or 0.0, cfg.loss.importance_cap)
             )
+            metrics = logprob_gap_metrics(metrics, batch, self.policy_version)  # π_old's version
         self.policy_version += 1
         metrics.update(self.refit())
         return metrics

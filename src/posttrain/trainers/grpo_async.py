@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from posttrain.algorithms.metrics import importance_ratio_stats
+from posttrain.algorithms.metrics import importance_ratio_stats, mismatch_and_staleness
 from posttrain.logging import Timer
 from posttrain.rollout.async_collector import AsyncCollector
 from posttrain.rollout.replay_buffer import ReplayBuffer, RolloutGroup
@@ -50,6 +50,31 @@ def behaviour_ratio_metrics(batch: RLBatch, low: float, high: float) -> dict[str
         batch.old_logprobs, batch.generation_logprobs, batch.loss_mask, low=low, high=high
     )
     return {f"async/is_weight_{k}": v for k, v in stats.items()}
+
+
+ENGINE_MISMATCH_METRICS = ("token_mult_prob_error", "gen_kl")
+"""The loss's generation-vs-π_old diagnostics: the engine mismatch only when every row is fresh."""
+
+
+def logprob_gap_metrics(metrics: dict[str, float], batch: RLBatch, version: int) -> dict[str, float]:
+    """`metrics` with the engine mismatch and the staleness of an async batch reported apart.
+
+    The loss compares the generator's logprobs with π_old over every row; a stale row's gap is then
+    the policy's drift since its version plus the engine's mismatch. With π_old recomputed at
+    `version` (any batch that is not exactly on-policy), `token_mult_prob_error` and `gen_kl` are
+    replaced by their values over the fresh rows (sampled at `version`: engine mismatch alone; left
+    out when there are none), and the stale rows' gap is logged as async/staleness_mult_prob_error and
+    async/staleness_kl (`mismatch_and_staleness`). An exactly on-policy batch (π_old skipped) is all
+    fresh: the loss's values stand, async/fresh_token_fraction is 1."""
+    if batch.old_logprobs is None or batch.policy_versions is None:
+        return {**metrics, "async/fresh_token_fraction": 1.0}
+    gaps = mismatch_and_staleness(
+        batch.old_logprobs, batch.generation_logprobs, batch.loss_mask, batch.policy_versions, version
+    )
+    out = {k: v for k, v in metrics.items() if k not in ENGINE_MISMATCH_METRICS}
+    for key, value in gaps.items():
+        out[key if key in ENGINE_MISMATCH_METRICS else f"async/{key}"] = value
+    return out
 
 
 def group_rollouts(
