@@ -39,6 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from posttrain.environments.code_checks import (
+    Check,
+    check_passes,
+    describe_output,
+    host_checks,
+    outputs_program,
+    parse_outputs,
+)
 from posttrain.environments.interface import (
     EnvStepResult,
     Message,
@@ -157,6 +165,28 @@ def parse_result(stdout: str, nonce: str) -> tuple[int, int] | None:
     """(passed, total) from the harness's result line carrying `nonce`, or None when there is none."""
     matches = re.findall(rf"^{re.escape(RESULT_TAG)} {re.escape(nonce)} (\d+) (\d+)$", stdout, re.MULTILINE)
     return (int(matches[-1][0]), int(matches[-1][1])) if matches else None
+
+
+def _sandbox_tally(result: Any, nonce: str, total: int) -> tuple[int, str]:
+    """(tests passed, why they did not) from the in-sandbox harness's result line."""
+    parsed = parse_result(result.stdout, nonce)
+    passed = min(parsed[0], total) if parsed and parsed[1] == total else 0
+    return passed, "" if parsed else "no result from the harness (the program ended before the tests ran); "
+
+
+def _host_tally(plan: list[list[Check]], result: Any) -> tuple[int, str]:
+    """(tests passed, why they did not): a test passes when all its checks hold on the outputs of
+    the last outputs frame; no valid frame, nothing passes."""
+    outputs = parse_outputs(result.stdout, sum(len(checks) for checks in plan))
+    if outputs is None:
+        return 0, "no result from the harness (the program ended before writing its outputs); "
+    passed, failures, start = 0, [], 0
+    for checks in plan:
+        mine, start = outputs[start : start + len(checks)], start + len(checks)
+        held = [(c, o, check_passes(c, o)) for c, o in zip(checks, mine, strict=True)]
+        passed += all(ok for _, _, ok in held)
+        failures += [f"FAILED {c.text[:200]!r}: {describe_output(o)}" for c, o, ok in held if not ok]
+    return passed, "".join(f + "\n" for f in failures[:5])
 
 
 @dataclass
@@ -357,53 +387,73 @@ class CodeEnvironment:
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         codes = [extract_code(last_assistant_content(log)) for log in message_logs]
+        plans = [host_checks(meta) for meta in metadata]
         runnable = [i for i, c in enumerate(codes) if c is not None]
-        nonces = [secrets.token_hex(16) for _ in runnable]
-        programs = [harness_program(solution_source(codes[i], metadata[i]), metadata[i]) for i in runnable]
-        rewards, infos, scored = [0.0] * len(codes), [], [True] * len(codes)
-        for meta in metadata:
-            total = len(meta.get("tests", []))
-            infos.append(
-                {
-                    "extracted_answer": None,
-                    "correct": False,
-                    "tests_passed": 0,
-                    "tests_total": total,
-                    "status": "no_code",
-                    "error": "the reply has no ```python code block",
-                }
-            )
+        nonces = {i: "" if plans[i] else secrets.token_hex(16) for i in runnable}
+        programs = [self._program(codes[i], metadata[i], plans[i]) for i in runnable]
+        rewards, scored = [0.0] * len(codes), [True] * len(codes)
+        infos = [
+            {
+                "extracted_answer": None,
+                "correct": False,
+                "tests_passed": 0,
+                "tests_total": len(meta.get("tests", [])),
+                "status": "no_code",
+                "error": "the reply has no ```python code block",
+                "verdict": "host" if plan else "sandbox",
+            }
+            for meta, plan in zip(metadata, plans, strict=True)
+        ]
         if programs:
-            results = self._run(programs, nonces)
-            for i, nonce, result in zip(runnable, nonces, results, strict=True):
-                rewards[i], infos[i], scored[i] = self._verdict(codes[i], nonce, result, infos[i])
+            results = self._run(programs, [nonces[i] for i in runnable])
+            for i, result in zip(runnable, results, strict=True):
+                rewards[i], infos[i], scored[i] = self._verdict(
+                    codes[i], plans[i], nonces[i], result, infos[i]
+                )
         out = EnvStepResult.final(rewards, metadata, infos)
         out.scored = scored
         return out
 
-    def _run(self, programs: list[str], nonces: list[str]) -> list[Any]:
-        """One sandbox run per program; a sandbox failure is returned as the exception."""
+    @staticmethod
+    def _program(code: str, task: dict[str, Any], plan: list[list[Check]] | None) -> str:
+        """The sandbox program of one sample: the outputs program for a host-checked task, else the
+        in-sandbox harness."""
+        solution = solution_source(code, task)
+        if plan:
+            return outputs_program(solution, task, [c for checks in plan for c in checks])
+        return harness_program(solution, task)
+
+    def _run(self, programs: list[str], stdins: list[str]) -> list[Any]:
+        """One sandbox run per program; a sandbox failure is returned as the exception. Should the
+        pool raise anything else for the batch, each program runs alone, so that one program cannot
+        take the others' results with it."""
         from posttrain.sandbox import SandboxError
 
         try:
-            return self.pool().run_many(programs, stdin=nonces, timeout_s=self.timeout_s)
+            return self.pool().run_many(programs, stdin=stdins, timeout_s=self.timeout_s)
         except SandboxError as e:
             return [e] * len(programs)
+        except Exception:
+            return [self._run_one(p, s) for p, s in zip(programs, stdins, strict=True)]
+
+    def _run_one(self, program: str, stdin: str) -> Any:
+        """One sandbox run; any exception is returned (the sample is then not scored)."""
+        try:
+            return self.pool().run(program, stdin=stdin, timeout_s=self.timeout_s)
+        except Exception as e:
+            return e
 
     def _verdict(
-        self, code: str, nonce: str, result: Any, info: dict[str, Any]
+        self, code: str, plan: list[list[Check]] | None, nonce: str, result: Any, info: dict[str, Any]
     ) -> tuple[float, dict[str, Any], bool]:
         """(reward, info, scored) of one sample from its sandbox result."""
         info = {**info, "extracted_answer": code[:2000], "error": None}
         if isinstance(result, Exception):
             return 0.0, {**info, "status": "sandbox_error", "sandbox_error": str(result)[:500]}, False
-        parsed = parse_result(result.stdout, nonce)
         total = info["tests_total"]  # the task's count, not what the program says
-        passed = min(parsed[0], total) if parsed and parsed[1] == total else 0
-        info.update(status=result.status, tests_passed=passed, tests_total=total)
-        info["correct"] = total > 0 and passed == total
+        passed, why = _host_tally(plan, result) if plan else _sandbox_tally(result, nonce, total)
+        info.update(status=result.status, tests_passed=passed, correct=total > 0 and passed == total)
         if not info["correct"]:
-            why = "" if parsed else "no result from the harness (the program ended before the tests ran); "
             info["error"] = (why + result.stderr[-500:]).strip() or result.status
         if self.reward == "fraction":
             return (passed / total if total else 0.0), info, True
