@@ -391,3 +391,32 @@ def test_an_episode_observation_stays_within_max_observation_tokens(tokenizer):
     tools = [m for m in rollouts.trajectories[0].messages if m["role"] == "tool"]
     assert sum(_content_tokens(tokenizer, m["content"]) for m in tools) <= 12
     assert tools[1]["content"] == "second result"
+
+
+# --- the episode token budget bounds the generated tokens over all turns (issue #29, item 4) ------
+
+
+@pytest.mark.parametrize("barrier", [True, False])
+def test_an_episode_ends_truncated_at_its_token_budget(tiny_model_dir, tokenizer, barrier):
+    # a random model writes 10-token turns (max_new_tokens); budget 15: turn 1 takes 10, turn 2 is cut
+    # at 5 (turn by turn: cut after generation; continuous: the decoder's own budget), and the
+    # episode ends there, truncated, though the environment wants 3 turns
+    from posttrain.generation.text_generation import LocalGenerator
+
+    generator = LocalGenerator(str(tiny_model_dir), tokenizer, backend="hf", device="cpu")
+    rollouts = run_rollouts(
+        [{"start": 1}, {"start": 2}],
+        generations_per_prompt=2,
+        generator=generator,
+        environment=Counter(turns=3),
+        tokenizer=tokenizer,
+        params=SamplingParams(temperature=1.0, max_new_tokens=10, seed=0),
+        batch_size=8,
+        max_turns=3,
+        max_seq_len=400,
+        turn_barrier=barrier,
+        max_episode_tokens=15,
+    )
+    for t in rollouts.trajectories:
+        assert [e - s for s, e in t.turn_spans] == [10, 5] and t.response_length == 15
+        assert t.truncated and t.stop_reason == "truncated" and len(t.turn_rewards) == 2

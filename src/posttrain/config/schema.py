@@ -431,6 +431,15 @@ class GenerationConfig(Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = Field(None, gt=0)
     max_new_tokens: int = Field(32, gt=0)
+    max_episode_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="The episode token budget: generated tokens one episode may have over all its turns "
+        "(an episode that reaches it ends, truncated). It is the L_max of DAPO's soft overlong penalty "
+        "and of Dr.GRPO's normaliser (loss.aggregation=seq_mean_token_sum). null: environment.max_turns "
+        "× max_new_tokens (one turn: max_new_tokens). Must lie between max_new_tokens and that product, "
+        "and hold dapo.overlong_buffer.",
+    )
     stop_strings: list[str] = Field(default_factory=list)
     batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
@@ -802,6 +811,37 @@ RL_CHECKPOINT = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max
 
 
 # ----------------------------------------------------------------- the RL configs' shared checks
+def episode_token_budget(generation: GenerationConfig, environment: EnvironmentConfig) -> int:
+    """The most generated tokens of one episode: generation.max_episode_tokens, else
+    environment.max_turns × generation.max_new_tokens (what max_turns full turns generate)."""
+    if generation.max_episode_tokens is not None:
+        return generation.max_episode_tokens
+    return environment.max_turns * generation.max_new_tokens
+
+
+def check_episode_budget(cfg: Any) -> None:
+    """Raise ValueError where the episode token budget disagrees with the limits it derives from:
+    an explicit budget below one turn (max_new_tokens) or above what max_turns turns can generate,
+    or a DAPO overlong buffer (the budget's last N tokens) longer than the budget."""
+    g, turns = cfg.generation, cfg.environment.max_turns
+    budget, most = episode_token_budget(g, cfg.environment), turns * g.max_new_tokens
+    if g.max_episode_tokens is not None and not g.max_new_tokens <= budget <= most:
+        raise ValueError(
+            f"generation.max_episode_tokens={budget} must lie between one turn (generation.max_new_tokens="
+            f"{g.max_new_tokens}) and what environment.max_turns={turns} turns generate ({most}): below, no "
+            "turn could use max_new_tokens; above, no episode reaches it. Set it in that range, or null "
+            f"for {most}"
+        )
+    buffer = getattr(getattr(cfg, "dapo", None), "overlong_buffer", None)
+    if buffer is not None and buffer > budget:
+        raise ValueError(
+            f"dapo.overlong_buffer={buffer} is longer than the episode token budget {budget} (generation."
+            f"max_episode_tokens, else environment.max_turns × generation.max_new_tokens): the soft overlong "
+            "penalty runs over the budget's last overlong_buffer tokens. Lower dapo.overlong_buffer or "
+            "raise the budget"
+        )
+
+
 def check_rl_config(cfg: Any, loop: str) -> None:
     """The checks every RL config (GRPOConfig, PPOConfig, DistillConfig) runs, in one place so that
     they cannot drift apart. `loop`: the name of its loop section (grpo, ppo, distill); `cfg.grpo` is
@@ -810,6 +850,7 @@ def check_rl_config(cfg: Any, loop: str) -> None:
     if cfg.generation.placement == "split":
         cfg.generation.check_refit_transport(cfg.cluster, sharded=cfg.policy.split_weights)
     check_minibatches(loop, cfg.grpo, cfg.cluster.policy_workers(), "policy")
+    check_episode_budget(cfg)
     teacher = getattr(cfg, "teacher", None)
     if teacher is not None and cfg.cluster.backend == "local" and teacher.num_workers > 1:
         raise ValueError(
@@ -1077,6 +1118,7 @@ class EvalConfig(Strict):
     @model_validator(mode="after")
     def _k_within_n(self) -> EvalConfig:
         self.generation.check_lora_adapter(None)  # eval serves whole models (a LoRA run is exported merged)
+        check_episode_budget(self)
         n = self.sampling.samples_per_prompt
         bad = [k for k in self.sampling.k if not 1 <= k <= n]
         if bad or not self.sampling.k:
@@ -1303,6 +1345,11 @@ class SandboxConfig(Strict):
     max_open_files: int = Field(64, ge=16, description="RLIMIT_NOFILE.")
     max_file_mb: int = Field(16, gt=0, description="Largest file the code may write (RLIMIT_FSIZE).")
     disk_mb: int = Field(64, gt=0, description="Size of the in-memory working directory and of /tmp (each).")
+    seccomp: bool = Field(
+        True,
+        description="Install the syscall filter (keyrings, ptrace, bpf, io_uring, namespaces... get "
+        "EPERM). Off only to test the other layers alone; protections() then lists it as a problem.",
+    )
 
 
 # --------------------------------------------------------------------------------- distillation

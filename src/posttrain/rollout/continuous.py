@@ -34,7 +34,14 @@ import torch
 from posttrain.environments.interface import EnvStepResult
 from posttrain.generation.continuous import ContinuousDecoder
 from posttrain.generation.sampling import SamplingParams, _eos_ids, sampling_seed
-from posttrain.rollout.rollout import EpisodeLimits, Trajectory, apply_step, record_turn, turn_seed
+from posttrain.rollout.rollout import (
+    EpisodeLimits,
+    Trajectory,
+    apply_step,
+    episode_room,
+    record_turn,
+    turn_seed,
+)
 
 
 def episode_loop(
@@ -141,8 +148,10 @@ def _join(
 
 
 def turn_budget(t: Trajectory, params: SamplingParams, limits: EpisodeLimits) -> int:
-    """The most tokens t's next turn may generate: max_new_tokens, or what is left of max_seq_len."""
-    return min(params.max_new_tokens, limits.max_seq_len - len(t.input_ids))
+    """The most tokens t's next turn may generate: max_new_tokens, or what is left of max_seq_len or
+    of the episode token budget."""
+    room = episode_room(t, limits.max_episode_tokens)
+    return min(params.max_new_tokens, limits.max_seq_len - len(t.input_ids), room)
 
 
 def turn_stops(t: Trajectory, params: SamplingParams) -> tuple[str, ...]:
@@ -163,7 +172,7 @@ def _step_ended(
     in one environment call; returns the episodes that go on."""
     episodes = [trajectories[k] for k in keys]
     turn_ids = [
-        record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len)
+        record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len, None, limits.max_episode_tokens)
         for t, (ids, lps, truncated) in zip(episodes, turns, strict=True)
     ]
     result = environment.step([t.messages for t in episodes], [t.metadata for t in episodes])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -275,10 +276,12 @@ def append_generated(
     truncated: bool,
     max_seq_len: int,
     versions: list[int] | None = None,
+    max_episode_tokens: int | None = None,
 ) -> list[int]:
-    """Add one turn's generated tokens (cut at max_seq_len; `versions`: of the weights that sampled
-    each, partial rollouts) and the assistant message; returns the ids kept."""
-    room = max_seq_len - len(t.input_ids)
+    """Add one turn's generated tokens (cut at max_seq_len and at the episode token budget
+    `max_episode_tokens`; `versions`: of the weights that sampled each, partial rollouts) and the
+    assistant message; returns the ids kept."""
+    room = min(max_seq_len - len(t.input_ids), episode_room(t, max_episode_tokens))
     t.truncated = truncated or len(ids) > room
     ids, lps = ids[:room], lps[:room]
     if versions:
@@ -304,13 +307,22 @@ def append_observation(t: Trajectory, extra: list[int], observation: list[Messag
     return True
 
 
+def episode_room(t: Trajectory, max_episode_tokens: int | None) -> int:
+    """How many more tokens t may generate under the episode token budget (unbounded: None)."""
+    if max_episode_tokens is None:
+        return sys.maxsize
+    return max(max_episode_tokens - t.response_length, 0)
+
+
 @dataclass(frozen=True)
 class EpisodeLimits:
-    """What bounds an episode: turns, the whole sequence's tokens, one observation's tokens."""
+    """What bounds an episode: turns, the whole sequence's tokens, one observation's tokens, and the
+    tokens generated over all its turns (the episode token budget; None: no bound beyond the turns)."""
 
     max_turns: int
     max_seq_len: int
     max_observation_tokens: int | None = None
+    max_episode_tokens: int | None = None
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -327,10 +339,11 @@ def record_turn(
     tokenizer: Any,
     max_seq_len: int,
     versions: list[int] | None = None,
+    max_episode_tokens: int | None = None,
 ) -> list[int]:
-    """Append a generated turn (tokens as generated, cut at max_seq_len) and its assistant message;
-    returns the token ids kept."""
-    ids = append_generated(t, ids, lps, truncated, max_seq_len, versions)
+    """Append a generated turn (tokens as generated, cut at max_seq_len and the episode token budget)
+    and its assistant message; returns the token ids kept."""
+    ids = append_generated(t, ids, lps, truncated, max_seq_len, versions, max_episode_tokens)
     text = t.response_prefix + tokenizer.decode(ids, skip_special_tokens=True)
     t.messages.append({"role": "assistant", "content": text})
     return ids
@@ -356,7 +369,7 @@ def apply_step(
         )
     observation = result.observations[j]
     env_done = result.done[j] or observation is None
-    full = len(t.input_ids) >= limits.max_seq_len
+    full = len(t.input_ids) >= limits.max_seq_len or episode_room(t, limits.max_episode_tokens) == 0
     t.done = env_done or full or t.num_turns >= limits.max_turns
     if t.done:
         t.stop_reason = "done" if env_done else "truncated" if full else "max_turns"
@@ -383,6 +396,7 @@ def run_rollouts(
     timer: Timer | None = None,
     turn_barrier: bool = True,
     progress: str | None = None,
+    max_episode_tokens: int | None = None,
 ) -> Rollouts:
     """Episodes for `tasks` (G each); `progress`: the description of a bar of finished episodes
     shown on a terminal (`posttrain.logging.progress`), None for none.
@@ -392,10 +406,11 @@ def run_rollouts(
     starts as soon as its observation is ready, in a continuously batched decode on each worker
     (`posttrain.rollout.continuous`: posttrain's HF sampler, or a vLLM engine request by request;
     not an FSDP2-sharded HF policy: the caller keeps the barrier for that). Environment time then
-    counts in `timing/generation`.
+    counts in `timing/generation`. `max_episode_tokens`: the episode token budget, generated tokens
+    over all turns (an episode that reaches it ends truncated); None: max_turns × max_new_tokens.
     """
     timer = timer or Timer()
-    limits = EpisodeLimits(max_turns, max_seq_len, max_observation_tokens)
+    limits = EpisodeLimits(max_turns, max_seq_len, max_observation_tokens, max_episode_tokens)
     seeds = [first_group_id + i for i in range(len(tasks))]
     with timer("rewards"):
         starts = [tools_for_template(tokenizer, s) for s in start_episodes(environment, tasks, seeds)]
@@ -454,7 +469,9 @@ def turn_by_turn(
         with timer("generation"):
             generated = generate_turn(generator, active, turn_params, batch_size)
         turn_ids = [
-            record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len, versions)
+            record_turn(
+                t, ids, lps, truncated, tokenizer, limits.max_seq_len, versions, limits.max_episode_tokens
+            )
             for t, (ids, lps, truncated, versions) in zip(active, generated, strict=True)
         ]
         with timer("rewards"):

@@ -25,7 +25,7 @@ from typing import Any
 
 from posttrain.algorithms.metrics import cons_at_k, pass_at_k
 from posttrain.checkpoint.export import resolve_model_source
-from posttrain.config.schema import EvalConfig
+from posttrain.config.schema import EvalConfig, episode_token_budget
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.text_generation import LocalGenerator
@@ -188,6 +188,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
             max_turns=env_cfg.max_turns,
             max_seq_len=max_seq_len,
             max_observation_tokens=env_cfg.max_observation_tokens,
+            max_episode_tokens=episode_token_budget(cfg.generation, env_cfg),
             timer=timer,
             turn_barrier=env_cfg.turn_barrier,
             progress="evaluation",

@@ -36,7 +36,13 @@ from posttrain.algorithms.distillation import on_policy_distill_advantages
 from posttrain.algorithms.metrics import pass_at_k
 from posttrain.algorithms.policy_loss import POLICY_LOSSES, kl_estimate
 from posttrain.checkpoint import Deadline, resolve_resume
-from posttrain.config.schema import AdvantageConfig, DatasetConfig, GRPOConfig, LossConfig
+from posttrain.config.schema import (
+    AdvantageConfig,
+    DatasetConfig,
+    GRPOConfig,
+    LossConfig,
+    episode_token_budget,
+)
 from posttrain.data.batching import EpochSampler
 from posttrain.data.tasks import Task
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
@@ -486,6 +492,7 @@ class GRPOTrainer:
             max_turns=self.cfg.environment.max_turns,
             max_seq_len=self.cfg.policy.max_seq_len,
             max_observation_tokens=self.cfg.environment.max_observation_tokens,
+            max_episode_tokens=episode_token_budget(self.cfg.generation, self.cfg.environment),
             first_group_id=self.next_group_id,
             timer=timer or self.timer,
             turn_barrier=self.turn_barrier,
@@ -524,7 +531,8 @@ class GRPOTrainer:
         )
 
     def rewards(self, rollouts: Rollouts) -> torch.Tensor:
-        """Task rewards, scaled (advantage.reward_scaling), plus DAPO's soft overlong penalty."""
+        """Task rewards, scaled (advantage.reward_scaling), plus DAPO's soft overlong penalty on the
+        episode's generated tokens over all its turns, against the episode token budget."""
         cfg = self.cfg
         rewards = rollouts.rewards
         scaling = cfg.advantage.reward_scaling
@@ -539,7 +547,7 @@ class GRPOTrainer:
         if cfg.dapo.overlong_buffer:
             rewards = rewards + overlong_reward_shaping(
                 rollouts.response_lengths,
-                max_len=cfg.generation.max_new_tokens,
+                max_len=episode_token_budget(cfg.generation, cfg.environment),
                 buffer_len=cfg.dapo.overlong_buffer,
                 penalty=cfg.dapo.overlong_penalty,
             )
@@ -607,6 +615,8 @@ class GRPOTrainer:
 
         Sequence counts include only sequences with at least one valid token: a sample the
         overlong filter (or an unscored episode) took out of the loss does not dilute the mean.
+        seq_mean_token_sum (Dr.GRPO) divides by sequences × the episode token budget (one turn:
+        max_new_tokens), the most tokens a sequence can train on.
         """
         tokens = max(1.0, float(batch.loss_mask.sum()))
         aggregation = self.cfg.loss.aggregation
@@ -615,7 +625,7 @@ class GRPOTrainer:
         sequences = max(1.0, float((batch.loss_mask.sum(-1) > 0).sum()))
         if aggregation == "sequence":
             return sequences, tokens
-        return sequences * self.cfg.generation.max_new_tokens, tokens
+        return sequences * episode_token_budget(self.cfg.generation, self.cfg.environment), tokens
 
     def add_logprobs(self, batch: RLBatch) -> None:
         """π_ref's logprobs (KL penalty) and π_old's, unless present. π_old is skipped (the on-policy
