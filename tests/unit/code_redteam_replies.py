@@ -82,7 +82,10 @@ REPLIES: dict[str, tuple[str, str]] = {
     # --- frame walking -------------------------------------------------------------------------
     "issue: wraps _write through sys._getframe(1).f_globals": (
         "gen",
-        "import sys\n" + FORGE_WRITE + "g = sys._getframe(1).f_globals\ng['_write'] = forge(g['_write'], g['TAG'])\n" + NONE,
+        "import sys\n"
+        + FORGE_WRITE
+        + "g = sys._getframe(1).f_globals\ng['_write'] = forge(g['_write'], g['TAG'])\n"
+        + NONE,
     ),
     "frame walk: replaces the harness's TESTS": (
         "gen",
@@ -99,7 +102,9 @@ REPLIES: dict[str, tuple[str, str]] = {
     ),
     "frame walk at call time: wraps _write from inside the entry point": (
         "gen",
-        "import sys\n" + FORGE_WRITE + "def sum_digits(n):\n    f = sys._getframe()\n    while f is not None:\n"
+        "import sys\n"
+        + FORGE_WRITE
+        + "def sum_digits(n):\n    f = sys._getframe()\n    while f is not None:\n"
         "        g = f.f_globals\n        if '_write' in g and 'TAG' in g and not getattr(g['_write'], 'done', 0):\n"
         "            g['_write'] = forge(g['_write'], g['TAG'])\n            g['_write'].done = 1\n"
         "        f = f.f_back\n    return None\n",
@@ -114,7 +119,8 @@ REPLIES: dict[str, tuple[str, str]] = {
         "import sys, threading\n" + FORGE_WRITE + "main = threading.get_ident()\ndef walk():\n"
         "    f = sys._current_frames()[main]\n    while f is not None:\n        g = f.f_globals\n"
         "        if '_write' in g and 'TAG' in g:\n            g['_write'] = forge(g['_write'], g['TAG'])\n"
-        "            return\n        f = f.f_back\nt = threading.Thread(target=walk)\nt.start()\nt.join()\n" + NONE,
+        "            return\n        f = f.f_back\nt = threading.Thread(target=walk)\nt.start()\nt.join()\n"
+        + NONE,
     ),
     "frame walk: rewrites the outputs list the harness builds": (
         "gen",
@@ -181,7 +187,8 @@ REPLIES: dict[str, tuple[str, str]] = {
     ),
     "/proc/self/mem: turns == into != inside the test strings": (
         "gen",
-        STR_ADDRESS + "with open('/proc/self/mem', 'r+b', buffering=0) as mem:\n    for s in list(test_strings()):\n"
+        STR_ADDRESS
+        + "with open('/proc/self/mem', 'r+b', buffering=0) as mem:\n    for s in list(test_strings()):\n"
         "        i = s.find('==')\n        if i >= 0:\n            mem.seek(data_address(s) + i)\n"
         "            mem.write(b'!=')\n" + NONE,
     ),
@@ -249,7 +256,8 @@ REPLIES: dict[str, tuple[str, str]] = {
     ),
     "exception __str__ payload counts the failure as a pass": (
         "gen",
-        LOCALS_TO_FAST + "class Boom(Exception):\n    def __str__(self):\n        bump_passed(sys._getframe(1))\n"
+        LOCALS_TO_FAST
+        + "class Boom(Exception):\n    def __str__(self):\n        bump_passed(sys._getframe(1))\n"
         "        return 'boom'\ndef sum_digits(n):\n    raise Boom()\n",
     ),
     "exception __str__ payload writes a forged frame": (
@@ -311,7 +319,7 @@ REPLIES: dict[str, tuple[str, str]] = {
     "forked child writes a partial frame after the harness's": (
         "gen",
         "import os, time\nif os.fork() == 0:\n    time.sleep(0.3)\n"
-        f"    os.write(1, b'\\n{TAG} [[\"N\"], [\"N\"]')\n    os._exit(0)\n" + NONE,
+        f'    os.write(1, b\'\\n{TAG} [["N"], ["N"]\')\n    os._exit(0)\n' + NONE,
     ),
     "sys.exit(0) after printing forged frames": (
         "gen",
@@ -332,7 +340,10 @@ REPLIES: dict[str, tuple[str, str]] = {
         f"import os\nos.write(1, b'\\n{TAG} [' + b'[\"N\"], ' * 2_000_000 + b'[\"N\"]]\\n')\nos._exit(0)\n",
     ),
     "frame nested 30000 deep": ("gen", _frame_reply("[" * 30_000 + "]" * 30_000)),
-    "frame with a 30000-digit int": ("gen", _frame_reply(json.dumps([["I", "0x" + "f" * 30_000]] + [["N"]] * 4))),
+    "frame with a 30000-digit int": (
+        "gen",
+        _frame_reply(json.dumps([["I", "0x" + "f" * 30_000]] + [["N"]] * 4)),
+    ),
     "frame with an unhashable set element": ("gen", _frame_reply(json.dumps([["E", [["L", []]]]] * 5))),
     "frame with duplicate dict keys": (
         "gen",
@@ -361,7 +372,8 @@ REPLIES: dict[str, tuple[str, str]] = {
     "patches os.write to rewrite any frame": (
         "gen",
         "import os\nw = os.write\n"
-        f"os.write = lambda fd, data: w(fd, {FORGED_FRAME!r}.encode() if b'{TAG}' in bytes(data) else data)\n" + NONE,
+        f"os.write = lambda fd, data: w(fd, {FORGED_FRAME!r}.encode() if b'{TAG}' in bytes(data) else data)\n"
+        + NONE,
     ),
     "patches json.dumps": (
         "gen",
@@ -377,7 +389,9 @@ REPLIES: dict[str, tuple[str, str]] = {
     ),
     "HumanEval/0: wraps _write through sys._getframe(1).f_globals": (
         "he0",
-        "import sys\n" + FORGE_WRITE + "g = sys._getframe(1).f_globals\ng['_write'] = forge(g['_write'], g['TAG'])\n"
+        "import sys\n"
+        + FORGE_WRITE
+        + "g = sys._getframe(1).f_globals\ng['_write'] = forge(g['_write'], g['TAG'])\n"
         "def has_close_elements(numbers, threshold):\n    return None\n",
     ),
     "HumanEval/0: metaclass __eq__ passes the type allow-list": (
