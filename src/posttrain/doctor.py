@@ -244,13 +244,17 @@ def check_vllm(needed: bool, timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
     return Check("vLLM", "ok", f"vllm {proc.stdout.strip().splitlines()[-1]} imports", needed=True)
 
 
-def check_sandbox() -> Check:
-    """Start a one-worker sandbox pool (its probe measures the protections) and summarise them."""
+def check_sandbox(config: BaseModel | None = None) -> Check:
+    """Start a one-worker sandbox pool (its probe measures the protections) and summarise them.
+
+    The detail says whether the seccomp filter is in force (measured: keyctl and
+    unshare(CLONE_NEWUSER) got EPERM in the probe); a filter not in force is a warning.
+    """
     from posttrain.sandbox import SandboxError, SandboxPool
 
     fix = "install bubblewrap (apt-get install bubblewrap) or allow user namespaces; see docs/sandbox.md"
     try:
-        with SandboxPool(workers=1) as pool:
+        with SandboxPool(config, workers=1) as pool:
             p = pool.protections()
     except (SandboxError, OSError) as e:  # no safe backend, or the probe could not start
         return Check(
@@ -264,10 +268,10 @@ def check_sandbox() -> Check:
             "pid_namespace",
             "user_namespace",
             "no_new_privs",
-            "seccomp",
         )
         if p.get(k)
     ]
+    flags.append("seccomp filter in force" if p.get("seccomp") else "NO seccomp filter")
     detail = f"{p['backend']}: " + ", ".join(flags)
     if p["problems"]:
         return Check("sandbox", "warn", detail + "; " + "; ".join(p["problems"]), fix)

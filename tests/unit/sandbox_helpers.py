@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import json
 import os
+import textwrap
 import time
 
 import pytest
@@ -56,7 +60,7 @@ def _ppid(pid: int) -> int:
 def leftovers(pool: SandboxPool, timeout_s: float = 10.0) -> list[int]:
     """Processes of the pool's uids that are not (under) one of its waiting spares (bounded wait)."""
     spares = {s.future.result().popen.pid for s in pool._slots if s.future is not None}
-    uids = {s.uid for s in pool._slots}
+    uids = pool.recent_uids()
     end = time.monotonic() + timeout_s
     while True:
         stray = []
@@ -77,3 +81,61 @@ def assert_healthy(pool: SandboxPool) -> None:
     result = pool.run("print(6 * 7)")
     assert result.status == "ok", result
     assert result.stdout == "42\n"
+
+
+@functools.cache
+def syscall_numbers() -> dict[str, int]:
+    """This machine's syscall numbers, from libseccomp where it is installed (independent of the
+    table posttrain's filter is built from), else from that table."""
+    from posttrain.sandbox.seccomp import NUMBERS
+
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        return dict(NUMBERS)
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    return {name: lib.seccomp_syscall_resolve_name(name.encode()) for name in NUMBERS}
+
+
+_SYSCALL_PRELUDE = """
+import ctypes, json, os
+NR = json.loads(%r)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sys_call(name, *args):
+    conv = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(NR[name]), *conv)
+    return ret, (ctypes.get_errno() if ret < 0 else 0)
+"""
+
+
+def syscall_code(body: str) -> str:
+    """Sandbox code with ``sys_call(name, *args) -> (return value, errno)`` for raw syscalls."""
+    return _SYSCALL_PRELUDE % json.dumps(syscall_numbers()) + textwrap.dedent(body)
+
+
+_REPLY_PIPE_PRELUDE = """
+import json, os, sys
+def reply_pipe():
+    # What hostile code can find by walking its own frames: the fd the launcher replies on and
+    # the request it is answering (with its nonce, if it has one).
+    fd, nonce, f = None, None, sys._getframe()
+    while f is not None:
+        for name, value in f.f_locals.items():
+            if name == "resp_fd":
+                fd = value
+            if isinstance(value, dict) and "nonce" in value:
+                nonce = value["nonce"]
+        f = f.f_back
+    return fd, nonce
+def frame(message):
+    data = message if isinstance(message, bytes) else json.dumps(message).encode()
+    return len(data).to_bytes(8, "big") + data
+FD, NONCE = reply_pipe()
+"""
+
+
+def forger_code(body: str) -> str:
+    """Sandbox code with ``FD`` (the reply pipe), ``NONCE`` (the request's) and ``frame(msg)``."""
+    return _REPLY_PIPE_PRELUDE + textwrap.dedent(body)

@@ -4,13 +4,18 @@ Standalone (stdlib only, nothing of posttrain is importable in there). Steps:
 
 1. (``unshare`` backend only) build the filesystem: a size-limited tmpfs root with read-only binds
    of the interpreter and system libraries, then ``pivot_root`` into it and detach the old root.
-2. Drop to the sandbox uid (when the parent is root), set ``no_new_privs`` and the rlimits.
-3. Write ``b"R"`` on the response fd: the worker is ready (pre-started, waiting for code).
-4. ``once``: read one request (code, files) from the request fd, run it, report how it ended.
-   ``session``: loop over length-prefixed requests, keeping the globals between them.
+   It also sets its own hostname (bwrap does both with options).
+2. Drop to the sandbox uid (when the parent is root), set ``no_new_privs``, join a fresh anonymous
+   session keyring (nothing of the parent's keyrings stays reachable) and set the rlimits.
+3. Install the seccomp filter the parent built (``seccomp.py``): after all of the above, which
+   needs mount, pivot_root and keyctl; before any code of the request runs.
+4. Write ``b"R"`` on the response fd: the worker is ready (pre-started, waiting for code).
+5. ``once``: read one request (code, files, nonce) from the request fd, run it, reply how it
+   ended, exit with its status. ``session``: loop over requests, keeping the globals between them.
 
-The response fd carries untrusted data once model code runs (the code can write to it): the
-parent only uses it to tell a ``MemoryError`` from other errors and to delimit session cells.
+The response fd carries untrusted data once model code runs (the code can write to it, and can
+read the nonce: it runs in this very process). The parent takes a one-shot run's status from the
+exit status, never from a reply; a reply only names the exception and delimits session cells.
 """
 
 from __future__ import annotations
@@ -106,6 +111,48 @@ def build_root(layout: dict) -> None:
     _mount(libc, None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
+def set_hostname(name: str) -> None:
+    """sethostname(2) in the new uts namespace (``unshare`` backend; bwrap has ``--hostname``)."""
+    data = name.encode()
+    _check(_libc().sethostname(data, len(data)), "sethostname")
+
+
+def join_fresh_session_keyring(keyctl_nr: int | None) -> None:
+    """keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL): a new anonymous session keyring of our own.
+
+    The inherited one (the parent's: systemd services, ``su -l`` and containers have one) is no
+    longer ours to search. ENOSYS (no keyrings in this kernel) and EPERM (keyctl already filtered
+    by the host's seccomp profile) leave the code without keyrings at all: nothing to do.
+    """
+    if keyctl_nr is None:
+        return
+    import ctypes
+
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(keyctl_nr), ctypes.c_long(1), None) < 0:
+        err = ctypes.get_errno()
+        if err not in (1, 38):
+            raise OSError(err, f"keyctl(KEYCTL_JOIN_SESSION_KEYRING): {os.strerror(err)}")
+
+
+def install_seccomp(program_hex: str | None) -> None:
+    """prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program) with ``no_new_privs`` set first."""
+    if not program_hex:
+        return
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    program = bytes.fromhex(program_hex)
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    libc = _libc()
+    _check(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _check(libc.prctl(22, 2, ctypes.byref(prog), 0, 0), "prctl(PR_SET_SECCOMP)")
+
+
 def drop_privileges(uid: int | None, no_new_privs: bool) -> None:
     """Become ``uid`` (all capabilities go with root) and forbid gaining privileges by exec."""
     if uid is not None:
@@ -158,6 +205,11 @@ def write_message(fd: int, message: dict) -> None:
     """A response: 8-byte big-endian length, then JSON."""
     data = json.dumps(message).encode()
     os.write(fd, len(data).to_bytes(8, "big") + data)
+
+
+def reply(fd: int, request: dict, code: int, exc: str | None) -> None:
+    """The reply to ``request``: its nonce, the exit code and the exception's type name."""
+    write_message(fd, {"nonce": request.get("nonce", ""), "exit": code, "exc": exc})
 
 
 def write_files(files: dict) -> None:
@@ -213,12 +265,12 @@ def serve_once(req_fd: int, resp_fd: int) -> None:
     except (OSError, ValueError) as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
         flush()
-        write_message(resp_fd, {"exit": 1, "exc": type(err).__name__})
+        reply(resp_fd, request, 1, type(err).__name__)
         os._exit(1)
     code, exc = run_code(request["code"], {"__name__": "__main__", "__builtins__": __builtins__})
     flush()
     try:
-        write_message(resp_fd, {"exit": code, "exc": exc})
+        reply(resp_fd, request, code, exc)
     except OSError:
         pass
     os._exit(code)
@@ -246,7 +298,7 @@ def serve_session(req_fd: int, resp_fd: int, cpu_s: int) -> None:
             print(f"{type(err).__name__}: {err}", file=sys.stderr)
             code, exc = 1, type(err).__name__
         flush()
-        write_message(resp_fd, {"exit": code, "exc": exc})
+        reply(resp_fd, request, code, exc)
 
 
 def become_init(req_fd: int, resp_fd: int) -> None:
@@ -274,11 +326,15 @@ def main(spec: dict) -> None:
     req_fd, resp_fd = spec["req_fd"], spec["resp_fd"]
     if spec.get("layout"):
         build_root(spec["layout"])
+    if spec.get("hostname"):
+        set_hostname(spec["hostname"])
     os.chdir(spec["workdir"])
     drop_privileges(spec.get("uid"), spec.get("no_new_privs", False))
+    join_fresh_session_keyring(spec.get("keyctl_nr"))
     set_limits(spec["limits"])
     if spec.get("init"):
         become_init(req_fd, resp_fd)
+    install_seccomp(spec.get("seccomp"))
     os.set_inheritable(req_fd, False)
     os.set_inheritable(resp_fd, False)
     sys.argv = ["<sandbox>"]

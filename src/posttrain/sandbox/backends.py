@@ -5,10 +5,11 @@ environment in a new session (process group). What differs is the wrapping:
 
 - ``bwrap``: bubblewrap builds a new root from an allowlist (read-only /usr, the interpreter's
   prefix, the loader cache; size-limited tmpfs for the working directory and /tmp; a fresh /proc
-  and /dev) in new pid, network, ipc and uts namespaces. As root it needs no user namespace and
+  and /dev) in new pid, network, ipc, uts and cgroup namespaces. As root it needs no user namespace and
   the child drops to an unprivileged uid itself; as a normal user it adds a user namespace.
-- ``unshare``: util-linux ``unshare`` makes the namespaces and ``_child.py`` builds the same
-  allowlisted root with mount(2) and pivot_root(2).
+- ``unshare``: util-linux ``unshare`` makes the namespaces (mount, net, pid, ipc, uts, cgroup) and
+  ``_child.py`` builds the same allowlisted root with mount(2) and pivot_root(2) and sets the
+  hostname.
 - ``none``: rlimits, the scrubbed environment, the uid drop where possible. No network or
   filesystem isolation: only with ``allow_unsafe``.
 
@@ -28,7 +29,7 @@ from typing import Literal
 BackendName = Literal["bwrap", "unshare", "none"]
 WORKDIR = "/sandbox"
 CHILD_SOURCE = (Path(__file__).with_name("_child.py")).read_text(encoding="utf-8")
-# Sandboxed code runs under uids of its own (one per worker slot / session) when the parent is
+# Sandboxed code runs under uids of its own (one per run / session) when the parent is
 # root: far above ordinary and LDAP users, so its files and processes belong to nobody else and a
 # fork bomb's RLIMIT_NPROC count is not shared with another sandbox.
 UID_BASE = 1_500_000_000
@@ -128,7 +129,9 @@ def bwrap_args(bwrap: str, ops: list[list], user_namespace: bool) -> tuple[str, 
     return tuple(args)
 
 
-UNSHARE_NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
+# Its own hostname ("sandbox", set by the child) and cgroup namespace (/proc/self/cgroup: "0::/"),
+# like bwrap's --hostname and --unshare-cgroup-try.
+UNSHARE_NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--cgroup", "--fork", "--kill-child")
 
 
 def readable_by_others(path: str) -> bool:

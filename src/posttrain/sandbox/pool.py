@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
+import fcntl
 import functools
-import itertools
 import os
 import queue
+import secrets
+import stat
+import tempfile
 import threading
 import weakref
 from collections.abc import Sequence
@@ -19,15 +23,62 @@ from posttrain.sandbox.probe import select
 from posttrain.sandbox.process import ExecResult, Limits, SandboxError, SandboxProcess
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-_UIDS = itertools.count(1)
+_UID_SPAN = 500_000_000  # uids UID_BASE .. UID_BASE + _UID_SPAN - 1
+_UID_BLOCK = 64  # numbers a process takes from the machine-wide counter at a time
 _UID_LOCK = threading.Lock()
+_uid_block = [0, 0, 0]  # [owner pid, next number, end]: a forked child must not reuse its parent's
+
+
+def _counter_files() -> list[str]:
+    """Where the machine-wide uid counter lives: /run (cleared at boot, with the kernel's keyrings)."""
+    return [
+        "/run/posttrain-sandbox-uids",
+        os.path.join(tempfile.gettempdir(), f"posttrain-uids-{os.geteuid()}"),
+    ]
+
+
+def _reserve(n: int) -> int | None:
+    """Take ``n`` consecutive numbers from the counter file under ``flock``; None if none is usable.
+
+    The file must be a regular file owned by us (no symlink, nobody else's): the numbers handed
+    out are then distinct across every process of this machine until the counter wraps.
+    """
+    for path in _counter_files():
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            start = int(os.pread(fd, 64, 0).strip() or b"0")
+            os.pwrite(fd, b"%020d\n" % ((start + n) % _UID_SPAN), 0)
+            return start
+        except (OSError, ValueError):
+            continue
+        finally:
+            os.close(fd)
+    return None
 
 
 def next_uid() -> int:
-    """A fresh host uid for one slot or session (distinct per process and call when root)."""
+    """A host uid no other run, session or process of this machine has had since boot.
+
+    Numbers come in blocks from a counter file shared by every process (``_reserve``); only if no
+    counter file can be used, a random block (distinct with high probability, not certainty).
+    """
     with _UID_LOCK:
-        n = next(_UIDS)
-    return UID_BASE + ((os.getpid() << 12) + n) % 500_000_000
+        pid = os.getpid()
+        if _uid_block[0] != pid or _uid_block[1] >= _uid_block[2]:
+            start = _reserve(_UID_BLOCK)
+            if start is None:
+                start = secrets.randbelow(_UID_SPAN // _UID_BLOCK) * _UID_BLOCK
+            _uid_block[:] = [pid, start, start + _UID_BLOCK]
+        n = _uid_block[1]
+        _uid_block[1] += 1
+    return UID_BASE + n % _UID_SPAN
 
 
 def _limits(config: SandboxConfig) -> Limits:
@@ -37,17 +88,17 @@ def _limits(config: SandboxConfig) -> Limits:
 
 
 class _Slot:
-    """One worker: a uid of its own and the next pre-started interpreter for it."""
+    """One worker: the next pre-started interpreter, each with a uid of its own (``next_uid``)."""
 
-    def __init__(self, pool: SandboxPool, uid: int) -> None:
+    def __init__(self, pool: SandboxPool) -> None:
         """Owned by ``pool``; starts empty (call ``refill``)."""
-        self.pool, self.uid = pool, uid
+        self.pool = pool
         self.future: Future | None = None
 
     def refill(self) -> None:
-        """Start the next interpreter in the background."""
+        """Start the next interpreter in the background, under a fresh uid."""
         pool = self.pool
-        self.future = pool._spawner.submit(SandboxProcess, pool.launch, pool.limits, self.uid, "once")
+        self.future = pool._spawner.submit(SandboxProcess, pool.launch, pool.limits, pool._uid(), "once")
 
     def take(self) -> SandboxProcess:
         """The pre-started interpreter (restarted if it failed or died waiting)."""
@@ -62,7 +113,7 @@ class _Slot:
             proc.close()
             proc = None
         if proc is None:
-            proc = SandboxProcess(self.pool.launch, self.pool.limits, self.uid, "once")
+            proc = SandboxProcess(self.pool.launch, self.pool.limits, self.pool._uid(), "once")
         return proc
 
     def discard(self) -> None:
@@ -100,7 +151,8 @@ class SandboxPool:
         self._spawner = ThreadPoolExecutor(config.workers, thread_name_prefix="sandbox-spawn")
         self._runner = ThreadPoolExecutor(config.workers, thread_name_prefix="sandbox-run")
         self._sessions: weakref.WeakSet = weakref.WeakSet()
-        self._slots = [_Slot(self, next_uid()) for _ in range(config.workers)]
+        self._uids: collections.deque[int] = collections.deque(maxlen=4096)
+        self._slots = [_Slot(self) for _ in range(config.workers)]
         self._idle: queue.Queue[_Slot] = queue.Queue()
         for slot in self._slots:
             slot.refill()
@@ -162,6 +214,16 @@ class SandboxPool:
         self._sessions.add(session)
         return session
 
+    def _uid(self) -> int:
+        """A fresh uid for one interpreter (a run, a session), remembered for ``recent_uids``."""
+        uid = next_uid()
+        self._uids.append(uid)
+        return uid
+
+    def recent_uids(self) -> set[int]:
+        """The host uids of the last 4096 interpreters this pool started (runs and sessions)."""
+        return set(self._uids)
+
     # ------------------------------------------------------------------ reporting
     def protections(self) -> dict:
         """What is in force, as measured by the probe run (backend, isolation, uid, rlimits...)."""
@@ -205,14 +267,13 @@ class SandboxSession:
     def __init__(self, pool: SandboxPool) -> None:
         """Start the interpreter now (it waits for the first cell)."""
         self.pool = pool
-        self.uid = next_uid()
         self._proc: SandboxProcess | None = self._start()
         self._lock = threading.Lock()
         self.closed = False
 
     def _start(self) -> SandboxProcess:
-        """A fresh session interpreter."""
-        return SandboxProcess(self.pool.launch, self.pool.limits, self.uid, "session")
+        """A fresh session interpreter under a fresh uid (a restart gets another one too)."""
+        return SandboxProcess(self.pool.launch, self.pool.limits, self.pool._uid(), "session")
 
     def run(
         self,
@@ -268,7 +329,7 @@ def describe(p: dict) -> str:
     rl = p["rlimits"]
     uid_note = "unprivileged" if p["uid_dropped"] else "ROOT"
     if p["host_uid"] >= UID_BASE:
-        uid_note += "; a uid of its own per worker and per session"
+        uid_note += "; a uid of its own per run and per session"
     fs_note = " (read-only /usr and interpreter, tmpfs /sandbox and /tmp)" if p["filesystem_isolated"] else ""
     lines = [
         f"sandbox backend: {p['backend']} ({'safe' if p['safe'] else 'UNSAFE'})",

@@ -1,7 +1,8 @@
 """Measure what a backend really enforces on this machine (one probe run each), and pick one.
 
 The probe is ordinary sandboxed code that reports what it can see: network interfaces, the
-parent's home / project / working directory, its uid on the host, its environment, its rlimits.
+parent's home / project / working directory, its uid on the host, its environment, its rlimits,
+its seccomp mode and what ``keyctl`` and ``unshare(CLONE_NEWUSER)`` return to it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from posttrain.sandbox.backends import (
     scrubbed_env,
 )
 from posttrain.sandbox.process import Limits, SandboxError, SandboxProcess
+from posttrain.sandbox.seccomp import MACHINE, NUMBERS
 
 log = logging.getLogger(__name__)
-_CACHE: dict[Launch, dict] = {}
+_CACHE: dict[tuple[Launch, bool], dict] = {}
+EPERM = 1
 _LOCK = threading.Lock()
 
 PROBE_CODE = r"""
@@ -46,6 +49,22 @@ try:
 except OSError:
     pass
 r["nproc"] = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+try:
+    status = open("/proc/self/status").read().splitlines()
+    r["seccomp_mode"] = int(next(x.split()[1] for x in status if x.startswith("Seccomp:")))
+except (OSError, StopIteration, ValueError):
+    r["seccomp_mode"] = None
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def errno_of(nr, *args):
+    if nr is None:
+        return None
+    ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return ctypes.get_errno() if ret < 0 else 0
+NR = json.loads(NUMBERS)
+r["keyctl_errno"] = errno_of(NR.get("keyctl"), 0, -3, 0)  # KEYCTL_GET_KEYRING_ID(session)
+r["userns_errno"] = errno_of(NR.get("unshare"), 0x10000000)  # CLONE_NEWUSER: last, it may work
 print(json.dumps(r))
 """
 
@@ -89,7 +108,14 @@ def evaluate(launch: Launch, report: dict, limits: Limits, uid: int) -> dict:
     # How we launched it says whose uid the code has on the host (the probe's /proc/self/uid_map
     # only shows the parent namespace's view, which bwrap's nested namespaces hide).
     host_uid = uid if launch.child_drops_uid or launch.wrapper_as_slot_uid else os.geteuid()
+    seccomp = (
+        report.get("seccomp_mode") == 2
+        and report.get("keyctl_errno") == EPERM
+        and report.get("userns_errno") == EPERM
+    )
     problems = []
+    if not seccomp:
+        problems.append(_seccomp_problem(limits, report))
     if not network:
         problems.append(f"network not isolated (interfaces: {report.get('interfaces')})")
     if leaks:
@@ -115,19 +141,33 @@ def evaluate(launch: Launch, report: dict, limits: Limits, uid: int) -> dict:
             "max_processes": report.get("nproc"),
             "max_open_files": limits.max_open_files,
         },
-        "seccomp": False,
+        "seccomp": seccomp,
         "problems": problems,
     }
 
 
+def _seccomp_problem(limits: Limits, report: dict) -> str:
+    """Why the syscall filter is not in force, in words."""
+    if not limits.seccomp:
+        return "no seccomp filter (sandbox.seccomp=false)"
+    if not NUMBERS:
+        return f"no seccomp filter for this architecture ({MACHINE})"
+    return (
+        f"seccomp filter not in force (mode {report.get('seccomp_mode')}, keyctl errno "
+        f"{report.get('keyctl_errno')}, unshare(CLONE_NEWUSER) errno {report.get('userns_errno')})"
+    )
+
+
 def probe(launch: Launch, limits: Limits, uid: int) -> dict:
     """Run the probe under ``launch`` (cached per process); raises SandboxError if it can't start."""
+    key = (launch, limits.seccomp)
     with _LOCK:
-        if launch in _CACHE:
-            return _CACHE[launch]
+        if key in _CACHE:
+            return _CACHE[key]
     proc = SandboxProcess(launch, limits, uid, "once")
     try:
-        code = f"DIRS = {json.dumps(json.dumps(sensitive_dirs()))}\n" + PROBE_CODE
+        code = f"DIRS = {json.dumps(json.dumps(sensitive_dirs()))}\n"
+        code += f"NUMBERS = {json.dumps(json.dumps(NUMBERS))}\n" + PROBE_CODE
         result = proc.run_once(code, "", None, 30.0)
     finally:
         proc.close()
@@ -135,7 +175,7 @@ def probe(launch: Launch, limits: Limits, uid: int) -> dict:
         raise SandboxError(f"{launch.backend} probe failed ({result.status}): {result.stderr[-2000:]}")
     protections = evaluate(launch, json.loads(result.stdout), limits, uid)
     with _LOCK:
-        _CACHE[launch] = protections
+        _CACHE[key] = protections
     return protections
 
 

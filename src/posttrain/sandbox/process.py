@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import hmac
 import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -21,10 +24,14 @@ from posttrain.sandbox.backends import (
     filesystem_ops,
     scrubbed_env,
 )
+from posttrain.sandbox.seccomp import FILTER, NUMBERS
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "killed"]
 _READY_TIMEOUT_S = 30.0
 _DRAIN_S = 0.5
+MAX_FRAME = 4096  # a reply is {"nonce", "exit", "exc"}: anything longer is not one
+_RESP_CAP = 1 << 20  # bytes of the response pipe kept; the rest is read and dropped
+BAD_FRAMES_NOTE = "[sandbox: unexpected data on the response pipe; the run counts as an error]\n"
 
 
 class SandboxError(RuntimeError):
@@ -35,11 +42,15 @@ class SandboxError(RuntimeError):
 class ExecResult:
     """How one run of untrusted code ended.
 
-    status: "ok" (exit 0), "error" (exception or non-zero exit), "timeout" (wall clock or CPU
-    limit), "memory" (MemoryError under the address-space limit), "output_limit" (a stream passed
-    max_output_bytes; killed), "killed" (died by a signal, e.g. a segfault).
+    status: "ok" (exit status 0 from ``wait()``), "error" (exception, non-zero exit, or data on the
+    response pipe that is not exactly the run's one well-formed reply), "timeout" (wall clock or CPU
+    limit), "memory" (a non-zero exit whose reply names MemoryError), "output_limit" (a stream
+    passed max_output_bytes; killed), "killed" (died by a signal, e.g. a segfault).
+    A session cell has no exit status of its own: its status is what the session's interpreter
+    replied (see docs/sandbox.md, "What a result can be trusted for").
     stdout / stderr: decoded UTF-8 (invalid bytes replaced), each cut to max_output_bytes.
     exit_code: the exit status; minus the signal number when killed by one; None when we killed it.
+    exception: the type name the interpreter reported: data from the sandbox, never a verdict.
     """
 
     status: Status
@@ -52,8 +63,62 @@ class ExecResult:
 
     @property
     def ok(self) -> bool:
-        """Exit status 0 within every limit."""
+        """Exit status 0 within every limit, and nothing malformed on the response pipe."""
         return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A validated reply frame of the child: its exit code (0..255) and exception type name."""
+
+    exit: int
+    exc: str | None
+
+
+def parse_reply(raw: bytes) -> tuple[str, Reply] | None:
+    """``raw`` as (the nonce it answers, the reply), or None if it is not a well-formed reply.
+
+    A reply is the JSON object {"nonce": str of at most 64 characters, "exit": int 0..255, "exc":
+    None or an identifier of at most 100 characters} with exactly these keys. Never raises.
+    """
+    try:
+        msg = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(msg, dict) or set(msg) != {"nonce", "exit", "exc"}:
+        return None
+    nonce, code, exc = msg["nonce"], msg["exit"], msg["exc"]
+    if not isinstance(nonce, str) or len(nonce) > 64:
+        return None
+    if type(code) is not int or not 0 <= code <= 255:
+        return None
+    if exc is not None and not (isinstance(exc, str) and len(exc) <= 100 and exc.isidentifier()):
+        return None
+    return nonce, Reply(code, exc)
+
+
+def reply_to(raw: bytes, nonce: str) -> Reply | None:
+    """``raw`` as the reply to the request carrying ``nonce`` (None: anything else)."""
+    parsed = parse_reply(raw)
+    return parsed[1] if parsed is not None and hmac.compare_digest(parsed[0], nonce) else None
+
+
+def split_frames(buf: bytearray) -> tuple[list[bytes], bool]:
+    """Take the complete frames off the front of ``buf``; True if its framing is broken.
+
+    Broken: a length header over ``MAX_FRAME`` (no reply is that long; nothing after it can be
+    delimited). An incomplete frame stays in ``buf``.
+    """
+    frames = []
+    while len(buf) >= 8:
+        n = int.from_bytes(buf[:8], "big")
+        if n > MAX_FRAME:
+            return frames, True
+        if len(buf) < 8 + n:
+            break
+        frames.append(bytes(buf[8 : 8 + n]))
+        del buf[: 8 + n]
+    return frames, False
 
 
 @dataclass
@@ -68,6 +133,7 @@ class Limits:
     max_open_files: int
     max_file_mb: int
     disk_mb: int
+    seccomp: bool = True
 
     def rlimits(self, session: bool) -> dict[str, list[int]]:
         """[soft, hard] per rlimit; a session's CPU hard limit covers many cells."""
@@ -103,7 +169,7 @@ class _Streams:
         """Append, keeping at most ``cap`` bytes per output stream (``over`` once one passes it)."""
         buf = getattr(self, which)
         if which == "resp":
-            if len(buf) < 1 << 20:  # untrusted: the code can write here too
+            if len(buf) < _RESP_CAP:  # untrusted: the code can write here too
                 buf += data
             return
         room = self.cap - len(buf)
@@ -111,25 +177,11 @@ class _Streams:
             self.over = True
         buf += data[: max(room, 0)]
 
-    def message(self) -> dict | None:
-        """The first complete framed response, removed from the buffer (None if none yet)."""
-        if len(self.resp) < 8:
-            return None
-        n = int.from_bytes(self.resp[:8], "big")
-        if len(self.resp) < 8 + n:
-            return None
-        raw = bytes(self.resp[8 : 8 + n])
-        del self.resp[: 8 + n]
-        try:
-            msg = json.loads(raw)
-        except ValueError:
-            return {"exit": 1, "exc": "garbled"}
-        return msg if isinstance(msg, dict) else {"exit": 1, "exc": "garbled"}
-
     def reset(self) -> None:
-        """Start a new cell (session)."""
+        """Start a new cell (session): nothing collected before it is kept."""
         self.out.clear()
         self.err.clear()
+        self.resp.clear()
         self.over = False
 
 
@@ -138,8 +190,10 @@ class SandboxProcess:
 
     def __init__(self, launch: Launch, limits: Limits, uid: int, mode: str) -> None:
         """Spawn the child and wait until it reports ready (raises SandboxError otherwise)."""
-        self.launch, self.limits, self.mode = launch, limits, mode
+        self.launch, self.limits, self.mode, self.uid = launch, limits, mode, uid
         self.host_dir: str | None = None
+        self.reply: Reply | None = None  # the current cell's reply (session)
+        self.old_nonces: collections.deque[str] = collections.deque(maxlen=256)  # earlier cells'
         self.streams = _Streams(limits.max_output_bytes)
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
@@ -171,7 +225,10 @@ class SandboxProcess:
             "limits": self.limits.rlimits(self.mode == "session"),
             "cell_cpu_s": self.limits.cpu_s,
             "layout": _layout(self.limits) if launch.child_builds_root else None,
+            "hostname": "sandbox" if launch.child_builds_root else None,  # bwrap: --hostname
             "init": launch.backend == "unshare",  # bwrap has an init of its own
+            "keyctl_nr": NUMBERS.get("keyctl"),
+            "seccomp": FILTER.hex() if FILTER is not None and self.limits.seccomp else None,
         }
         argv = [*command(launch, self.limits.disk_mb << 20), "-c", CHILD_SOURCE, json.dumps(spec)]
         extra = {"user": uid, "group": uid, "extra_groups": []} if launch.wrapper_as_slot_uid else {}
@@ -224,36 +281,84 @@ class SandboxProcess:
         return self.popen.poll() is None
 
     def run_once(self, code: str, stdin: str, files: dict[str, str] | None, timeout_s: float) -> ExecResult:
-        """Send the program, feed stdin, collect until it exits or a limit is hit; then kill all."""
+        """Send the program, feed stdin, collect until it exits or a limit is hit; then kill all.
+
+        The status comes from the wrapper's exit status (``wait()``); the reply frame only adds
+        the exception's name, and only when it is the one well-formed reply and agrees with it.
+        """
         start = time.monotonic()
-        request = frame({"code": code, "files": files or {}})
+        nonce = secrets.token_hex(16)
+        request = frame({"code": code, "files": files or {}, "nonce": nonce})
         try:
             _write_all(self.req_w, request)
             os.close(self.req_w)
         except OSError:
             pass
         self.req_w = -1
-        reason = self._pump(start + timeout_s, stdin.encode(), want_response=False)
+        reason = self._pump(start + timeout_s, stdin.encode(), None)
         self.kill()
-        return self._result(reason, self.streams.message(), time.monotonic() - start)
+        return self._result(reason, nonce, time.monotonic() - start)
 
     def run_cell(self, code: str, stdin: str, files: dict[str, str] | None, timeout_s: float) -> ExecResult:
-        """Session: send one cell, collect until its response; kill the session on a limit."""
+        """Session: send one cell with a fresh nonce, collect until its reply; kill on a limit.
+
+        Whatever the pipes hold before the cell is sent (late output or frames of an earlier
+        cell's threads) is dropped; a frame without this cell's nonce is ignored.
+        """
         start = time.monotonic()
-        self.streams.reset()
+        self._discard_pending()
+        nonce = secrets.token_hex(16)
         try:
-            _write_all(self.req_w, frame({"code": code, "stdin": stdin, "files": files or {}}))
+            _write_all(
+                self.req_w, frame({"code": code, "stdin": stdin, "files": files or {}, "nonce": nonce})
+            )
         except OSError:
             pass
-        reason = self._pump(start + timeout_s, b"", want_response=True)
-        msg = self.streams.message() if reason == "response" else None
+        reason = self._pump(start + timeout_s, b"", nonce)
+        self.old_nonces.append(nonce)
         if reason != "response":
             self.kill()
-            msg = msg or self.streams.message()
-        return self._result(reason, msg, time.monotonic() - start)
+        return self._result(reason, nonce, time.monotonic() - start)
 
-    def _pump(self, deadline: float, stdin: bytes, want_response: bool) -> str:
-        """Move bytes until: "response" (session cell done), "exited", "timeout" or "output_limit"."""
+    def _discard_pending(self, fds: tuple[int, ...] | None = None) -> None:
+        """Read and drop what the pipes hold now (all three, or ``fds``), and what was collected."""
+        if fds is None:
+            fds = (self.popen.stdout.fileno(), self.popen.stderr.fileno(), self.resp_r)
+        for fd in fds:
+            for _ in range(64):  # at most 4 MiB per pipe; a writer that keeps going loses the rest
+                try:
+                    if not os.read(fd, 1 << 16):
+                        break
+                except OSError:  # BlockingIOError: empty
+                    break
+        if len(fds) == 3:
+            self.streams.reset()
+            self.reply = None
+        else:
+            self.streams.out.clear()
+            self.streams.err.clear()
+
+    def _scan_replies(self, nonce: str) -> str | None:
+        """Session: "response" once this cell's valid reply is in; None: keep waiting.
+
+        A valid reply to an earlier cell (its thread, or its real reply after it forged one) is
+        stale: skipped, and the output collected before it is dropped as that cell's. Anything
+        else (garbage, an unknown nonce, broken framing) is "malformed".
+        """
+        frames, broken = split_frames(self.streams.resp)
+        for raw in frames:
+            parsed = parse_reply(raw)
+            if parsed is not None and hmac.compare_digest(parsed[0], nonce):
+                self.reply = parsed[1]
+                return "response"
+            if parsed is None or parsed[0] not in self.old_nonces:
+                return "malformed"
+            self._discard_pending((self.popen.stdout.fileno(), self.popen.stderr.fileno()))
+        return "malformed" if broken else None
+
+    def _pump(self, deadline: float, stdin: bytes, nonce: str | None) -> str:
+        """Move bytes until: "response" / "malformed" (session cell), "exited", "timeout" or
+        "output_limit". ``nonce``: the session cell's (None for a one-shot run)."""
         sel = selectors.DefaultSelector()
         out_fd, err_fd = self.popen.stdout.fileno(), self.popen.stderr.fileno()
         names = {out_fd: "out", err_fd: "err", self.resp_r: "resp"}
@@ -283,9 +388,10 @@ class SandboxProcess:
                             continue
                         if self.streams.over:
                             return "output_limit"
-                        if want_response and names[fd] == "resp" and self._has_message():
-                            self._drain(names)
-                            return "output_limit" if self.streams.over else "response"
+                        if nonce is not None and names[fd] == "resp":
+                            if (done := self._scan_replies(nonce)) is not None:
+                                self._drain(names)
+                                return "output_limit" if self.streams.over else done
                     else:  # stdin writable
                         pending = self._feed(in_fd, pending, sel)
         finally:
@@ -326,11 +432,6 @@ class SandboxProcess:
         except OSError:
             pass
 
-    def _has_message(self) -> bool:
-        """A complete framed response is buffered."""
-        resp = self.streams.resp
-        return len(resp) >= 8 and len(resp) >= 8 + int.from_bytes(resp[:8], "big")
-
     def _drain(self, names: dict[int, str]) -> None:
         """Take what is already in the pipes (written before the exit/response), briefly."""
         if self.mode == "once":
@@ -353,26 +454,43 @@ class SandboxProcess:
                 elif data == b"":
                     open_fds.discard(fd)
 
-    def _result(self, reason: str, msg: dict | None, wall_s: float) -> ExecResult:
-        """Turn what happened into an ExecResult."""
+    def _result(self, reason: str, nonce: str, wall_s: float) -> ExecResult:
+        """Turn what happened into an ExecResult (never raises on what the sandbox wrote)."""
         s = self.streams
         out = bytes(s.out).decode("utf-8", errors="replace")
         err = bytes(s.err).decode("utf-8", errors="replace")
         base = {"stdout": out, "stderr": err, "wall_s": wall_s, "truncated": s.over}
-        if reason == "timeout":
-            return ExecResult("timeout", **base)
-        if reason == "output_limit":
-            return ExecResult("output_limit", **base)
-        if msg is not None:
-            code, exc = int(msg.get("exit", 1)), msg.get("exc")
-            status: Status = "ok" if code == 0 else "memory" if exc == "MemoryError" else "error"
-            return ExecResult(status, exit_code=code, exception=exc, **base)
-        rc = self.popen.wait()
+        if reason in ("timeout", "output_limit"):
+            return ExecResult(reason, **base)  # type: ignore[arg-type]
+        if reason == "response":  # a session cell: what the session's interpreter replied
+            reply = self.reply
+            status: Status = "ok" if reply.exit == 0 else "memory" if reply.exc == "MemoryError" else "error"
+            return ExecResult(status, exit_code=reply.exit, exception=reply.exc, **base)
+        if reason == "malformed":  # a session cell; the session was killed
+            base["stderr"] = BAD_FRAMES_NOTE + base["stderr"]
+            return ExecResult("error", **base)
+        return self._exit_result(self.popen.wait(), nonce, base)
+
+    def _exit_result(self, rc: int, nonce: str, base: dict) -> ExecResult:
+        """The result of a process that exited with wrapper status ``rc`` (``wait()``).
+
+        The reply frame is believed only if it is the response pipe's one and only content, a valid
+        reply with ``nonce``, and its exit code is ``rc``; then it names the exception. Any other
+        data there makes an exit-0 run an error (nothing written can turn a failure into "ok").
+        """
         sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
         if sig:
-            status = "timeout" if sig == signal.SIGXCPU else "killed"
+            status: Status = "timeout" if sig == signal.SIGXCPU else "killed"
             return ExecResult(status, exit_code=-sig, **base)
-        return ExecResult("ok" if rc == 0 else "error", exit_code=rc, **base)
+        frames, broken = split_frames(self.streams.resp)
+        data = bool(frames) or broken or bool(self.streams.resp)
+        reply = reply_to(frames[0], nonce) if len(frames) == 1 and not (broken or self.streams.resp) else None
+        if reply is None or reply.exit != rc:
+            if data:
+                base["stderr"] = BAD_FRAMES_NOTE + base["stderr"]
+            return ExecResult("ok" if rc == 0 and not data else "error", exit_code=rc, **base)
+        status = "ok" if rc == 0 else "memory" if reply.exc == "MemoryError" else "error"
+        return ExecResult(status, exit_code=rc, exception=reply.exc, **base)
 
     def _kill_group(self) -> None:
         """SIGKILL the wrapper's process group (a pid namespace dies with its init)."""
