@@ -89,14 +89,14 @@ def test_correct_incorrect_and_equivalent_forms(math_env):
         "\\boxed{\\frac{1}{2}}",  # 0.5
         "\\boxed{-17}",  # -17
         "\\boxed{17}",  # -17: wrong sign
-        "I think \\boxed{3} no wait \\boxed{4}",  # 4: the last box counts
-        "I think \\boxed{4} no wait \\boxed{3}",  # 4: wrong
+        "I think \\boxed{3} no wait \\boxed{4}",  # 4: boxes with different answers answer nothing
+        "I think \\boxed{4} no wait \\boxed{3}",  # 4: the same hedge the other way round
         "the answer is 4",  # no box
         "\\boxed{x + 1}",  # 1+x
     ]
     answers = ["0.5", "0.5", "-17", "-17", "4", "4", "4", "1+x"]
     result = math_env.step(logs_for(*completions), [{"answer": a, "id": k} for k, a in enumerate(answers)])
-    assert result.rewards == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert result.rewards == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert result.done == [True] * 8
     assert result.observations == [None] * 8
     assert [m["id"] for m in result.metadata] == list(range(8))
@@ -104,8 +104,8 @@ def test_correct_incorrect_and_equivalent_forms(math_env):
     assert result.info[6]["extracted_answer"] is None
     assert all(i["verifier_error"] is None for i in result.info)
     metrics = math_env.batch_metrics(result)
-    assert metrics["env/accuracy"] == pytest.approx(5 / 8)
-    assert metrics["env/boxed_rate"] == pytest.approx(7 / 8)
+    assert metrics["env/accuracy"] == pytest.approx(4 / 8)
+    assert metrics["env/boxed_rate"] == pytest.approx(5 / 8)
     assert metrics["env/verifier_errors"] == 0
     assert metrics["env/verifier_timeouts"] == 0
 
