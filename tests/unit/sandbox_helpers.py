@@ -94,7 +94,8 @@ def syscall_numbers() -> dict[str, int]:
     except OSError:
         return dict(NUMBERS)
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    return {name: lib.seccomp_syscall_resolve_name(name.encode()) for name in NUMBERS}
+    found = {name: lib.seccomp_syscall_resolve_name(name.encode()) for name in NUMBERS}
+    return {name: nr if nr >= 0 else NUMBERS[name] for name, nr in found.items()}  # newer than it
 
 
 _SYSCALL_PRELUDE = """

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pydantic
@@ -12,8 +16,11 @@ from sandbox_helpers import ISOLATING_BACKENDS, open_pool
 
 from posttrain.config.schema import SandboxConfig
 from posttrain.sandbox import SandboxError, SandboxPool, SandboxUnsafeError
+from posttrain.sandbox import pool as pool_mod
 from posttrain.sandbox import probe as probe_mod
-from posttrain.sandbox.backends import Launch
+from posttrain.sandbox.backends import UID_BASE, Launch
+from posttrain.sandbox.process import parse_reply, split_frames
+from posttrain.sandbox.seccomp import ARCH, DENIED, SYSCALLS, build_filter
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -185,3 +192,125 @@ def test_output_just_over_the_limit_at_exit_is_output_limit(pool: SandboxPool) -
     assert (r.status, r.truncated, len(r.stdout)) == ("output_limit", True, 65536)
     r = pool.run("import sys\nsys.stdout.write('z' * 65536)")
     assert (r.status, r.truncated, len(r.stdout)) == ("ok", False, 65536)
+
+
+# ------------------------------------------------------------------ uids (#29 item 13)
+def _uids_of_a_process(pid: int, n: int) -> list[int]:
+    """``next_uid()`` n times in a fresh interpreter whose ``os.getpid()`` says ``pid``."""
+    code = f"import os\nos.getpid = lambda: {pid}\nfrom posttrain.sandbox.pool import next_uid\n"
+    code += f"print(*[next_uid() for _ in range({n})])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def test_uids_do_not_collide_across_processes_or_runs() -> None:
+    # Process 1000 starts 5000 interpreters, later process 1001 (its neighbour pid) 5000 more: no
+    # uid twice (the old pid << 12 + n formula gave process 1000's run 4097 process 1001's run 1's
+    # uid, and a process whose pid was reused all of its predecessor's).
+    first, second, again = (_uids_of_a_process(pid, 5000) for pid in (1000, 1001, 1000))
+    assert len(set(first) | set(second) | set(again)) == 15000
+    assert all(UID_BASE <= u < UID_BASE + 500_000_000 for u in first + second + again)
+
+
+def test_uids_of_concurrent_real_processes_are_disjoint() -> None:
+    code = "from posttrain.sandbox.pool import next_uid\nprint(*[next_uid() for _ in range(3000)])"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    seen = [pool_mod.next_uid() for _ in range(3000)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        seen += [int(x) for x in out.split()]
+    assert len(seen) == 12000 and len(set(seen)) == 12000
+
+
+# ------------------------------------------------------------------ the seccomp program (#29 item 14)
+def test_syscall_numbers_match_libseccomp() -> None:
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        pytest.skip("libseccomp.so.2 is not installed (Debian libseccomp2)")
+    lib.seccomp_syscall_resolve_name_arch.argtypes = [ctypes.c_uint32, ctypes.c_char_p]
+    unknown = set()
+    for machine, numbers in SYSCALLS.items():
+        for name, nr in numbers.items():
+            got = lib.seccomp_syscall_resolve_name_arch(ARCH[machine], name.encode())
+            if got < 0:  # newer than this libseccomp (2.5.4 predates open_tree_attr, Linux 6.15)
+                unknown.add(name)
+                continue
+            assert got == nr, (machine, name)
+    assert unknown <= {"open_tree_attr"}, unknown
+
+
+def _bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+    """Run a classic-BPF seccomp program (the five opcodes it uses) on one seccomp_data."""
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    ops = [struct.unpack_from("=HBBI", program, i) for i in range(0, len(program), 8)]
+    pc = acc = 0
+    while True:
+        code, jt, jf, k = ops[pc]
+        if code == 0x06:  # ret k
+            return k
+        if code == 0x20:  # ld word at offset k
+            acc, pc = struct.unpack_from("=I", data, k)[0], pc + 1
+            continue
+        cond = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
+        pc += 1 + (jt if cond else jf)
+
+
+ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026  # SECCOMP_RET_ALLOW, RET_ERRNO | errno
+
+
+@pytest.mark.parametrize(
+    ("machine", "read", "clone", "clone3"), [("x86_64", 0, 56, 435), ("aarch64", 63, 220, 435)]
+)
+def test_filter_program_decides_as_documented(machine: str, read: int, clone: int, clone3: int) -> None:
+    prog, arch = build_filter(machine), ARCH[machine]
+    assert prog is not None and len(prog) % 8 == 0
+    for name in DENIED:
+        assert _bpf(prog, SYSCALLS[machine][name], arch) == EPERM, name
+    assert _bpf(prog, read, arch) == ALLOW
+    assert _bpf(prog, clone, arch, 17) == ALLOW  # fork: SIGCHLD
+    assert _bpf(prog, clone, arch, 0x3D0F00) == ALLOW  # pthread_create's flags
+    for flag in (0x80, 0x20000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000):
+        assert _bpf(prog, clone, arch, flag | 17) == EPERM, hex(flag)
+    assert _bpf(prog, clone3, arch) == ENOSYS
+    assert _bpf(prog, read, 0x40000003) == EPERM  # another architecture (i386)
+    if machine == "x86_64":
+        assert _bpf(prog, 0x40000000 | read, arch) == EPERM  # the x32 ABI
+    assert build_filter("mips") is None
+
+
+# ------------------------------------------------------------------ replies (#29 item 15)
+def test_parse_reply_accepts_only_the_exact_shape() -> None:
+    ok = b'{"nonce": "ab", "exit": 3, "exc": "ValueError"}'
+    got = parse_reply(ok)
+    assert got is not None and (got[0], got[1].exit, got[1].exc) == ("ab", 3, "ValueError")
+    bad = [
+        b'{"nonce": "ab", "exit": 256, "exc": null}',
+        b'{"nonce": "ab", "exit": -1, "exc": null}',
+        b'{"nonce": "ab", "exit": 1.0, "exc": null}',
+        b'{"nonce": "ab", "exit": true, "exc": null}',
+        b'{"nonce": "ab", "exit": 1e999, "exc": null}',
+        b'{"nonce": "ab", "exit": 0, "exc": "not an identifier"}',
+        b'{"nonce": "ab", "exit": 0, "exc": null, "more": 1}',
+        b'{"nonce": 5, "exit": 0, "exc": null}',
+        b'{"exit": ' + b"9" * 5000 + b"}",
+        b"[" * 5000,
+        b"\xff\xfe",
+    ]
+    assert [parse_reply(raw) for raw in bad] == [None] * len(bad)
+    buf = bytearray((2).to_bytes(8, "big") + b"{}" + (1).to_bytes(8, "big"))
+    assert split_frames(buf) == ([b"{}"], False) and len(buf) == 8  # the incomplete one stays
+    assert split_frames(bytearray((1 << 63).to_bytes(8, "big")))[1] is True  # broken framing
+
+
+# ------------------------------------------------------------------ doctor (#29 item 14)
+def test_doctor_reports_whether_the_seccomp_filter_is_in_force() -> None:
+    from posttrain.doctor import check_sandbox
+
+    on = check_sandbox()
+    assert on.status == "ok" and "seccomp filter in force" in on.detail, on
+    off = check_sandbox(SandboxConfig(seccomp=False))
+    assert off.status == "warn" and "NO seccomp filter" in off.detail, off
+    assert "sandbox.seccomp=false" in off.detail
