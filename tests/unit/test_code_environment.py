@@ -422,3 +422,31 @@ def test_humaneval_problems_decided_on_the_host() -> None:
     tasks = CodeEnvironment(tasks="humaneval").generate_tasks(1000, seed=0)
     in_sandbox = [t["task_id"] for t in tasks if host_checks(t) is None]
     assert in_sandbox == [f"HumanEval/{i}" for i in (32, 33, 37, 38, 44, 50, 53, 151)]
+
+
+def test_a_pool_that_raises_for_the_batch_costs_only_the_program_that_raised(
+    env: CodeEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should `run_many` raise something else than SandboxError (a malformed frame from one
+    program), each program runs alone: the others keep their verdicts, the one that makes `run`
+    raise is unscored (reward 0), and `step` does not raise."""
+    pool = env.pool()
+    real_run = pool.run
+
+    def run_many(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a malformed frame")
+
+    def run(program: str, **kwargs: Any) -> Any:
+        if "BREAKS_THE_POOL" in program:
+            raise OverflowError("a malformed frame")
+        return real_run(program, **kwargs)
+
+    monkeypatch.setattr(pool, "run_many", run_many)
+    monkeypatch.setattr(pool, "run", run)
+    breaker = GOOD + "BREAKS_THE_POOL = 1\n"
+    r = env.step(
+        [reply(block(GOOD)), reply(block(breaker)), reply(block("def sum_digits(n):\n    return 7\n"))],
+        [SUM_DIGITS] * 3,
+    )
+    assert r.rewards == [1.0, 0.0, 0.0] and r.scored == [True, False, True]
+    assert r.info[1]["status"] == "sandbox_error" and "malformed frame" in r.info[1]["sandbox_error"]

@@ -17,17 +17,25 @@ Where tasks come from (`CodeEnvironment(tasks=...)`, via `generate_tasks(count, 
 Reward: 1 when every test passes (`reward="all"`), or the fraction of tests that pass
 (`reward="fraction"`). Each sample is one `SandboxPool.run` (`run_many` over the batch).
 
-The harness (`harness_program`) is built so that a reply cannot fake a pass: the solution runs
-first, then the tests, and only then does the harness write its result line, which carries a nonce
-read from stdin after the tests ran (a fresh one per sample, never in the program's text). A reply
-that prints "PASSED", exits early (`sys.exit(0)`, `os._exit(0)`), or kills the process leaves no
-result line: 0. The harness keeps its own references to `os.write` and friends and resets
-tracing before the tests, so patching them does nothing; the entry point is wrapped so that a
-value of a type other than Python's plain ones (an object whose `__eq__` is always True) fails the
-test; the tests live only in the program's text, never in a file the solution could open. Code that
-reads stdin itself to learn the nonce (an attack written against this harness) is out of scope:
-it still runs inside the sandbox. A `SandboxError` (the sandbox itself failed) leaves the sample
-out of the loss (`scored=False`) instead of scoring it 0.
+Verdicts (`info["verdict"]`):
+- "host" (`code_checks.host_checks`: every test is `assert f(args) == <constant>` or one of the
+  few other supported shapes; generated tasks, 156 of HumanEval's 164): the expected values never
+  enter the sandbox. The sandbox program gets the solution and the argument expressions only,
+  calls the entry point once per check and writes the outputs as tagged plain data; the host
+  decodes the last outputs frame strictly and compares plain Python values. Whatever the process
+  does to itself (frames, gc, ctypes, tracing, patched builtins, forks, forged frames) it can only
+  choose its outputs, and right outputs are the task. The exit status is not part of the verdict
+  (the process chooses it as freely as its outputs): outputs written before a crash count.
+  Proven by `tests/unit/test_code_redteam.py` (71 wrong replies score 0, one per step and in one
+  batch beside right solutions that score 1).
+- "sandbox" (any other shape: loops, random inputs, local variables): the old harness
+  (`harness_program`) runs the solution, then the tests, in one interpreter and writes a
+  nonce-tagged pass count. That stops printing "PASSED", early exits and always-equal objects, but
+  NOT code written against the harness (frame walking, gc, ctypes rewrite its count): a weaker
+  verdict, for evaluating models rather than for RL on tasks a policy can learn to game.
+
+A `SandboxError` (the sandbox itself failed; or the pool raised anything else for one program)
+leaves the sample out of the loss (`scored=False`) instead of scoring it 0.
 """
 
 from __future__ import annotations
@@ -151,8 +159,9 @@ _exit(0)
 
 
 def harness_program(solution: str, task: dict[str, Any]) -> str:
-    """The program that runs `solution` and then the task's tests; its last stdout line is
-    `RESULT_TAG <nonce from stdin> <passed> <total>` (see the module docstring)."""
+    """The in-sandbox harness (tasks not decided on the host): runs `solution` and then the task's
+    tests; its last stdout line is `RESULT_TAG <nonce from stdin> <passed> <total>`. Forgeable by
+    code written against it (module docstring)."""
     header = (
         f"SOLUTION = {solution!r}\nENTRY_POINT = {task.get('entry_point') or ''!r}\n"
         f"TEST_SETUP = {task.get('test_setup') or ''!r}\nTESTS = {list(task['tests'])!r}\n"
@@ -345,7 +354,8 @@ class CodeEnvironment:
 
     Info per sample: "extracted_answer" (the code, cut), "correct" (every test passed),
     "tests_passed", "tests_total", "status" (the sandbox's: ok, error, timeout, ...), "error"
-    (stderr's end, or why nothing ran), "sandbox_error" when the sandbox failed (then scored=False).
+    (stderr's end, or why nothing ran), "sandbox_error" when the sandbox failed (then scored=False),
+    "verdict" ("host": outputs compared on the host; "sandbox": the weaker in-sandbox harness).
     Metrics: `env/pass_rate`, `env/reward_mean`, `env/no_code_rate`, `env/timeouts`, `env/sandbox_errors`.
 
     Args:
