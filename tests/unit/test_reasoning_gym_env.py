@@ -73,7 +73,14 @@ def test_single_turn_scores_with_the_datasets_scorer(arithmetic: ReasoningGymEnv
         assert result.rewards == [reward], reply
     [result] = start_and_reply(arithmetic, task, "<answer>-61</answer>")
     assert result.info == [
-        {"extracted_answer": "-61", "score": 1.0, "correct": True, "tries": 1, "verifier_error": None}
+        {
+            "extracted_answer": "-61",
+            "score": 1.0,
+            "correct": True,
+            "tries": 1,
+            "verifier_error": None,
+            "copied_prompt": False,
+        }
     ]
 
 
@@ -100,7 +107,8 @@ def test_countdown_maze_and_mini_sudoku() -> None:
 
 
 def test_answer_formats_and_system_prompts() -> None:
-    assert extract_answer("<answer>1</answer> then <answer> 2 </answer>", "answer_tag") == "2"
+    assert extract_answer("<answer>2</answer> then <answer> 2 </answer>", "answer_tag") == "2"
+    assert extract_answer("<answer>1</answer> then <answer> 2 </answer>", "answer_tag") is None  # a hedge
     assert extract_answer("\\boxed{3} <answer>2</answer>", "boxed") == "3"
     assert extract_answer("no tag", "answer_tag") is None
     boxed = ReasoningGymEnvironment("basic_arithmetic", answer_format="boxed", timeout_s=None)

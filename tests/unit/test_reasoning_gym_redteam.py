@@ -105,3 +105,69 @@ def test_no_path_pays_more_than_answering_right_at_once() -> None:
                 assert total == final  # right at once pays its full score
     # hand-counted: 96 settings; with tries > 1, f > s(1 - d) for 4 (s = 1) + 7 (s = 0.5) of the 16 (d, f)
     assert accepted == 74 and rejected == 22
+
+
+# Red team: "Calculate 5 - 3." (answer 2), one try, format_reward 0.1 for a found but wrong answer.
+# reply -> reward. basic_arithmetic's own partial credit (answer a substring of the reply) is the
+# task's documented scoring: "2 or 3" gets len("2") / len("2 or 3") = 1/6.
+BOXED_RED_TEAM = {
+    "\\boxed{5 - 3}": 0.0,  # boxing the question's expression (the format reward before)
+    "\\boxed{Calculate 5 - 3.}": 0.0,
+    "\\boxed{answer here}": 0.0,  # the system prompt's placeholder (the format reward before)
+    "\\boxed{your answer}": 0.0,
+    "\\boxed{answer}": 0.0,
+    "\\boxed{3} then \\boxed{2}": 0.0,  # boxes with different answers (1.0 before)
+    "\\boxed{2} \\boxed{3}": 0.0,
+    "<think>It is \\boxed{2}.</think> No idea.": 0.0,  # only in the reasoning (1.0 before)
+    "<think>It is \\boxed{2}.": 0.0,
+    "\\boxed{}": 0.0,
+    "\\boxed{2": 0.0,
+    "The answer is 2.": 0.0,  # unboxed where the box is required
+    "\\boxed{2 or 3}": 1 / 6,  # the scorer's partial credit
+    "\\boxed{1e999}": 0.1,  # a found, wrong answer: the documented format reward
+    "\\boxed{7}": 0.1,
+    # controls
+    "\\boxed{2}": 1.0,
+    "5 - 3 = 2, so \\boxed{2}": 1.0,
+    "<think>5 - 3 = \\boxed{3}? no.</think> \\boxed{2}": 1.0,
+    "\\boxed{2}, again: \\boxed{ 2 }": 1.0,
+}
+TAG_RED_TEAM = {
+    "<answer>answer here</answer>": 0.0,  # reasoning-gym's own system prompt's placeholder
+    "<answer>5 - 3</answer>": 0.0,
+    "<answer>3</answer><answer>2</answer>": 0.0,
+    "<think><answer>2</answer></think>": 0.0,
+    "2": 0.0,
+    "<answer>2</answer>": 1.0,
+    "<think>maybe <answer>3</answer></think><answer>2</answer>": 1.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("answer_format", "replies"), [("boxed", BOXED_RED_TEAM), ("answer_tag", TAG_RED_TEAM)]
+)
+def test_red_team(answer_format: str, replies: dict[str, float]) -> None:
+    env = ReasoningGymEnvironment(
+        "basic_arithmetic",
+        dataset_config=ARITH,
+        answer_format=answer_format,
+        format_reward=0.1,
+        timeout_s=None,
+    )
+    [start] = env.reset([TASK], [0])
+    logs = [[*start.messages, {"role": "assistant", "content": r}] for r in replies]
+    result = env.step(logs, [start.metadata] * len(logs))
+    got = dict(zip(replies, result.rewards, strict=True))
+    assert {r: v for r, v in got.items() if v != pytest.approx(replies[r], abs=1e-15)} == {}
+    assert all(result.done)
+
+
+def test_a_retry_that_copies_the_feedback_or_the_question_scores_zero() -> None:
+    env = make_env(2, 1.0, 0.5, 0.1)
+    [start] = env.reset([TASK], [0])
+    first = [*start.messages, {"role": "assistant", "content": "\\boxed{7}"}]
+    step1 = env.step([first], [start.metadata])
+    assert step1.rewards == [0.1] and "\\boxed{your answer}" in step1.observations[0]["content"]
+    for retry, reward in (("\\boxed{your answer}", 0.0), ("\\boxed{5 - 3}", 0.0), ("\\boxed{2}", 0.5)):
+        log = [*first, step1.observations[0], {"role": "assistant", "content": retry}]
+        assert env.step([log], step1.metadata).rewards == [reward], retry

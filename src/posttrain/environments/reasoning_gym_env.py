@@ -7,18 +7,22 @@ with that seed and size (reasoning-gym generates entry i from the seed and i alo
 seed is a fixed held-out set. A task may also carry the entry itself (`question`, `answer`,
 `metadata`, as reasoning-gym writes it, e.g. a row of an exported JSONL file).
 
-The answer is read from the last `<answer>…</answer>` of the reply (`answer_format="answer_tag"`,
-reasoning-gym's own convention and system prompt) or from the last `\\boxed{}` (`"boxed"`). The
-score is `dataset.score_answer(answer, entry)` (a float in [0, 1]; some tasks give partial
-credit, e.g. countdown 0.01 for no answer). An answer is correct when its score reaches
-`success_threshold`.
+The answer is read from the reply's `<answer>…</answer>` (`answer_format="answer_tag"`,
+reasoning-gym's own convention and system prompt) or `\\boxed{}` (`"boxed"`), outside `<think>`
+blocks; tags or boxes holding different answers are a hedge and answer nothing. The score is
+`dataset.score_answer(answer, entry)` (a float in [0, 1]; some tasks give partial credit, e.g.
+countdown 0.01 for no answer, basic_arithmetic len(answer) / len(reply) when the reply contains
+the answer). An answer is correct when its score reaches `success_threshold`. An answer copied
+from the prompt (`copied_from_prompt`: the question's expression, a placeholder such as
+`answer here`) that the scorer does not find correct scores 0 and earns no format reward.
 
 With `max_tries > 1`, a reply that is not correct gets the verdict back as the next user turn
 ("... scored 0.05 out of 1, which is not correct. Try again ...") until it is correct or the tries
 run out. Intermediate turns have reward 0; the last turn's reward is the last try's score times
 `retry_discount ** (tries - 1)`. With `format_reward`, the first try's turn earns at least that much
 when its answer is found but wrong (a shaping reward for the answer format; `correct` counts right
-answers only).
+answers only). The knobs are checked (`check_retry_rewards`) so that no episode pays more than
+answering right at once: with retries, format_reward <= success_threshold * (1 - retry_discount).
 
 Some scorers run user text through sympy (countdown), which can hang on `9**9**9`: with
 `timeout_s` (the default) scoring runs in a persistent subprocess (`TimeoutPool`) and a sample
@@ -28,6 +32,7 @@ past the limit scores 0 with `info["verifier_error"] = "timeout"`.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from typing import Any, ClassVar, Literal
 
@@ -40,7 +45,7 @@ from posttrain.environments.interface import (
     register_environment,
     verifier_error_metrics,
 )
-from posttrain.environments.math import extract_last_boxed
+from posttrain.environments.math import copied_from_prompt, final_boxed_answer, prompt_text, strip_think
 from posttrain.environments.timeout_pool import TimeoutPool
 
 BOXED_SYSTEM_PROMPT = (
@@ -71,13 +76,20 @@ def score_with_dataset(name: str, config: dict[str, Any], answer: str | None, en
     return float(load_dataset(name, config).score_answer(answer, entry))
 
 
-def extract_answer(reply: str, answer_format: str) -> str | None:
-    """The last `<answer>…</answer>` ("answer_tag") or the last `\\boxed{}` ("boxed") of a reply, stripped."""
-    if answer_format == "boxed":
-        return extract_last_boxed(reply)
-    from reasoning_gym.utils import extract_answer as extract_tag
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
-    return extract_tag(reply, tag_name="answer")
+
+def extract_answer(reply: str, answer_format: str) -> str | None:
+    """A reply's answer, read outside its `<think>` blocks (`strip_think`): the content of its
+    `<answer>…</answer>` tags ("answer_tag") or `\\boxed{}` ("boxed", `final_boxed_answer`), stripped.
+    None when there is none, or when tags (boxes) hold different answers: a hedge answers nothing."""
+    reply = strip_think(reply)
+    if answer_format == "boxed":
+        return final_boxed_answer(reply)
+    answers = [a.strip() for a in _ANSWER_TAG.findall(reply)]
+    if len({re.sub(r"\s+", "", a) for a in answers}) != 1:
+        return None
+    return answers[-1]
 
 
 def check_retry_rewards(
@@ -129,18 +141,19 @@ class ReasoningGymEnvironment(PooledEnvironment):
             a \\boxed{} version of it for "boxed"; "": no system message.
         max_tries: answers allowed per episode (1 = single-turn).
         success_threshold: the score from which an answer counts as correct (ends the episode).
-        retry_discount: the final reward is multiplied by this for every try before the last.
+        retry_discount: the final reward is multiplied by this for every try before the last; in (0, 1].
         format_reward: the least reward of the first try's turn when its answer is found (in the
             answer format, not blank, scored without error) but not correct (0: off). It teaches the answer format
             before the model is ever right; with retries it is that turn's reward and the episode
             goes on. A right answer still earns the full score; `correct` and `env/accuracy` count
             right answers only. Later tries get none: the feedback turn shows the format
-            ("\\boxed{your answer}"), and a policy learned to copy it for the format reward.
+            ("\\boxed{your answer}"), and a policy learned to copy it for the format reward. With
+            max_tries > 1 it must be <= success_threshold * (1 - retry_discount) (`check_retry_rewards`).
         timeout_s: limit for scoring one answer, in a subprocess; None scores in-process.
         num_procs: scoring processes.
 
     Metadata: the task's fields, "entry" (question, answer, metadata) and "tries" (answers so far).
-    Info per turn: "extracted_answer", "score", "correct", "tries", "verifier_error".
+    Info per turn: "extracted_answer", "score", "correct", "tries", "verifier_error", "copied_prompt".
     """
 
     turn_limit_kwarg: ClassVar[str] = "max_tries"
@@ -255,14 +268,21 @@ class ReasoningGymEnvironment(PooledEnvironment):
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         answers = [extract_answer(last_assistant_content(log), self.answer_format) for log in message_logs]
+        copies = [
+            a is not None and copied_from_prompt(a, prompt_text(log), m["entry"].get("answer"))
+            for a, log, m in zip(answers, message_logs, metadata, strict=True)
+        ]
         scores = self._scores(answers, [m["entry"] for m in metadata])
         rewards, observations, done, new_metadata, info = [], [], [], [], []
-        for answer, (score, error), meta in zip(answers, scores, metadata, strict=True):
+        for answer, copied, (score, error), meta in zip(answers, copies, scores, metadata, strict=True):
             tries = meta.get("tries", 0) + 1
             correct = error is None and score >= self.success_threshold
+            copied = copied and not correct  # the task's own scorer may accept an answer in the question
+            score = 0.0 if copied else score
             finished = correct or tries >= self.max_tries
             reward = score * self.retry_discount ** (tries - 1) if finished else 0.0
-            if tries == 1 and not correct and error is None and answer is not None and answer.strip():
+            found = answer is not None and answer.strip() and not copied
+            if tries == 1 and not correct and error is None and found:
                 reward = max(reward, self.format_reward)
             rewards.append(reward)
             observations.append(
@@ -277,6 +297,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
                     "correct": correct,
                     "tries": tries,
                     "verifier_error": error,
+                    "copied_prompt": copied,
                 }
             )
         return EnvStepResult(rewards, observations, done, new_metadata, info)
