@@ -84,7 +84,8 @@ def test_format_number() -> None:
 
 def test_extract_answer() -> None:
     assert extract_answer("so \\boxed{20126}.") == "20126"
-    assert extract_answer("\\boxed{1} then \\boxed{20,126}") == "20,126"
+    assert extract_answer("\\boxed{20,126} then \\boxed{ 20,126 }") == "20,126"  # one answer twice
+    assert extract_answer("\\boxed{1} then \\boxed{20,126}") is None  # different answers: a hedge
     assert extract_answer("347 * 58 = 20,126.") == "20,126"
     assert extract_answer("347 * 58 = 20126", "boxed") is None
     assert extract_answer("I don't know", "boxed_or_last_number") is None

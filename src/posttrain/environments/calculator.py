@@ -10,10 +10,11 @@ The calculator evaluates arithmetic with `simpleeval` (an AST-walking evaluator;
 most `MAX_EXPRESSION_CHARS` characters, exponents up to `MAX_EXPONENT`, and no intermediate
 number beyond `MAX_DIGITS` digits. A bad expression is an error text for the model.
 
-The final reply is correct when its answer equals the product: the last `\\boxed{}` when the reply
-has one, otherwise (with `answer_format="boxed_or_last_number"`, the default) the last number in
+The final reply is correct when its answer equals the product: its boxed answer when the reply
+has a box, otherwise (with `answer_format="boxed_or_last_number"`, the default) the last number in
 the reply; commas between digits are ignored ("20,126"). With `answer_format="boxed"` a reply
-without a box is wrong.
+without a box is wrong. The reply is read outside its `<think>` blocks, and boxes with different
+answers answer nothing (`posttrain.environments.math.final_boxed_answer`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from posttrain.environments.interface import EpisodeStart, register_environment
-from posttrain.environments.math import extract_last_boxed
+from posttrain.environments.math import boxed_contents, final_boxed_answer, strip_think
 from posttrain.environments.tools import ToolEnvironment, ToolRegistry
 
 MAX_EXPRESSION_CHARS = 200
@@ -123,10 +124,12 @@ def _as_number(text: str) -> float | None:
 
 
 def extract_answer(reply: str, answer_format: str = "boxed_or_last_number") -> str | None:
-    """The answer of a final reply: the last `\\boxed{}`, else (with "boxed_or_last_number") the last number."""
-    boxed = extract_last_boxed(reply)
-    if boxed is not None or answer_format == "boxed":
-        return boxed
+    """The answer of a final reply, read outside its `<think>` blocks: its boxed answer
+    (`final_boxed_answer`: None for boxes with different answers), else, when it has no box and
+    the format is "boxed_or_last_number", its last number."""
+    reply = strip_think(reply)
+    if boxed_contents(reply) or answer_format == "boxed":
+        return final_boxed_answer(reply)
     numbers = _NUMBER.findall(reply)
     return numbers[-1] if numbers else None
 
