@@ -232,7 +232,8 @@ class SlidingPuzzleEnvironment:
         redraw_board: show the board after every turn (otherwise only after `view` or a malformed
             action, as in NeMo RL).
         shaped_reward: weight of the tiles-in-place fraction given when an episode ends unsolved
-            (0 = off; keep it below 1 so that solving always pays more).
+            (0 = off); in [0, 1], so an unsolved board (at most (n² - 2) / (n² - 1) of its tiles in
+            place) always pays less than solving.
         action_prefix: begin every assistant turn with "<action>" (the episode's response prefix,
             not generated), so the model writes only the move. A small model that never writes the
             tag itself (SmolLM2-135M-Instruct: 1 reply in 256 at temperature 1) then explores moves
@@ -260,6 +261,11 @@ class SlidingPuzzleEnvironment:
             raise ValueError(f"need 2 <= min_size <= max_size, got min_size={min_size} max_size={max_size}")
         if max_shuffle_moves < 1 or max_moves < 1:
             raise ValueError("max_shuffle_moves and max_moves must be >= 1")
+        if not 0.0 <= shaped_reward <= 1.0:
+            raise ValueError(
+                f"shaped_reward must be in [0, 1], got {shaped_reward}: above 1 an episode that runs out "
+                "unsolved could pay more than solving the puzzle (1)"
+            )
         self.min_size = min_size
         self.max_size = max_size
         self.max_shuffle_moves = max_shuffle_moves
