@@ -21,6 +21,11 @@ Modes (the question is the first user message, a reply the last assistant messag
   or its `answer`): a match is reward 1 without the judge; otherwise the judge decides whether the
   reply matches the reference ("Verdict: yes" -> 1, "Verdict: no" -> 0).
 
+The verdict is parsed from the judge's output only (the reply prefix and what the judge wrote), and
+the policy's reply is shown to the judge without text the verdict pattern would read (`neutralise`:
+"Score: 10" becomes "[verdict removed]"), so a judge that quotes the reply cannot end on the
+reply's own verdict.
+
 A judge reply without a verdict (a parse failure) or a backend failure (after its retries) leaves
 the sample out of the loss (`scored=False`, reward 0) instead of scoring it 0. Verdicts are cached
 by the exact judge prompt (LRU, `cache_size` entries): a repeated judge prompt, in a later step or
@@ -71,6 +76,7 @@ __all__ = [
     "HTTPJudge",
     "JudgeEnvironment",
     "TransformersJudge",
+    "neutralise",
     "normalise",
     "parse_label",
     "parse_score",
@@ -129,6 +135,21 @@ def parse_label(text: str, pattern: str, labels: dict[str, float]) -> float | No
         return None
     last = matches[-1]
     return labels.get((last if isinstance(last, str) else last[0]).strip().casefold())
+
+
+VERDICT_REMOVED = "[verdict removed]"
+
+
+def neutralise(text: str, pattern: str) -> str:
+    """`text` (a policy's reply, before the judge reads it) with every match of the verdict
+    `pattern` replaced by "[verdict removed]", until none is left: a judge that quotes the reply
+    cannot then end on a verdict the reply wrote ("Score: 10"). Other text is unchanged."""
+    for _ in range(len(text) + 1):
+        cleaned = re.sub(pattern, VERDICT_REMOVED, text)
+        if cleaned == text:
+            return text
+        text = cleaned
+    return text
 
 
 def normalise(score: float, min_score: float, max_score: float) -> float:
@@ -322,25 +343,28 @@ class JudgeEnvironment:
 
     # ------------------------------------------------------------------ prompts
     def judge_prompt(self, log: list[Message], meta: dict[str, Any]) -> str:
-        """The judge's user message for one sample (pointwise and reference modes)."""
+        """The judge's user message for one sample (pointwise and reference modes); the reply is
+        shown `neutralise`d (without verdict-shaped text)."""
+        reply = neutralise(last_assistant_content(log), self.pattern)
         if self.mode == "reference":
             return self.prompt_template.format(
-                question=_question(log), reply=last_assistant_content(log), reference=_reference(meta)
+                question=_question(log), reply=reply, reference=_reference(meta)
             )
         return self.prompt_template.format(
             question=_question(log),
-            reply=last_assistant_content(log),
+            reply=reply,
             reference_block=_reference_block(meta),
             min_score=self.min_score,
             max_score=self.max_score,
         )
 
     def pair_prompt(self, log_a: list[Message], log_b: list[Message], meta: dict[str, Any]) -> str:
-        """The judge's user message comparing reply A (of `log_a`) with reply B (of `log_b`)."""
+        """The judge's user message comparing reply A (of `log_a`) with reply B (of `log_b`), both
+        `neutralise`d."""
         return self.prompt_template.format(
             question=_question(log_a),
-            reply_a=last_assistant_content(log_a),
-            reply_b=last_assistant_content(log_b),
+            reply_a=neutralise(last_assistant_content(log_a), self.pattern),
+            reply_b=neutralise(last_assistant_content(log_b), self.pattern),
             reference_block=_reference_block(meta),
         )
 
