@@ -84,3 +84,27 @@ def test_export_cli_bfloat16_and_refusals(tiny_model_dir, tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="not a posttrain checkpoint"):
         export_checkpoint(tiny_model_dir, tmp_path / "elsewhere")
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_exported_files_share_one_permission_mode(tiny_model_dir, tokenizer, tmp_path):
+    """model.safetensors gets the mode of every other exported file: 0666 minus the process umask
+    (safetensors writes it through a temporary file created 0600)."""
+    import os
+    import stat
+
+    policy = Policy(PolicyConfig(), model_path=str(tiny_model_dir), total_steps=1)
+
+    def write(directory):
+        policy.save_checkpoint(directory)
+        tokenizer.save_pretrained(directory / "model")
+
+    Checkpointer(tmp_path / "run" / "checkpoints").save(1, write)
+    previous = os.umask(0o022)
+    try:
+        export_checkpoint(tmp_path / "run", tmp_path / "hf")
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
+    assert modes["model.safetensors"] == 0o644, modes
+    assert set(modes.values()) == {0o644}, modes
+    assert stat.S_IMODE((tmp_path / "hf").stat().st_mode) == 0o755

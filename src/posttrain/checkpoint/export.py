@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,16 @@ def _export_lora(
     return _write_export(out, checkpoint, tokenizer, max_shard_size, model=merged.to(DTYPES[dtype]))
 
 
+def _same_mode_as(reference: Path, folder: Path) -> None:
+    """Give every file under `folder` the permission bits of `reference` (a file this process just
+    created: 0666 minus the umask). safetensors writes its weights through a temporary file created
+    0600, which left model.safetensors unreadable to the group and others beside 0644 siblings."""
+    mode = stat.S_IMODE(reference.stat().st_mode)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
+            path.chmod(mode)
+
+
 def _write_export(
     out: Path,
     checkpoint: Path,
@@ -250,4 +261,5 @@ def _write_export(
         (tmp / "posttrain_export.json").write_text(
             json.dumps({"checkpoint": str(checkpoint.resolve()), "step": step}, indent=2)
         )
+        _same_mode_as(tmp / "posttrain_export.json", tmp)
     return ExportResult(out, checkpoint, step, bool(getattr(tokenizer, "chat_template", None)))
