@@ -32,6 +32,7 @@ from sandbox_helpers import (
 )
 
 from posttrain.sandbox import SandboxPool
+from posttrain.sandbox.backends import UID_BASE
 from posttrain.sandbox.probe import _allowed_children, sensitive_dirs
 
 pytestmark = pytest.mark.timeout(60)
@@ -581,3 +582,11 @@ def test_hostname_and_cgroup_namespace_are_the_sandboxes_own(pool: SandboxPool) 
     hostname, *cgroups = [line for line in r.stdout.splitlines() if line]
     assert hostname == "sandbox" != socket.gethostname()
     assert cgroups and all(line.endswith(":/") for line in cgroups), cgroups  # "0::/" on cgroup v2
+
+
+def test_code_has_no_capabilities(pool: SandboxPool) -> None:
+    # Both CI launches (root parent) drop to a uid of their own: no capability is left to use,
+    # and none can be regained (no_new_privs, no nested user namespace: see the seccomp tests).
+    r = run(pool, "print(*[x for x in open('/proc/self/status') if x.startswith(('CapEff', 'CapPrm'))])")
+    assert pool.protections()["host_uid"] >= UID_BASE, pool.describe()
+    assert r.stdout.split() == ["CapPrm:", "0000000000000000", "CapEff:", "0000000000000000"], r

@@ -8,9 +8,11 @@
         with pool.session() as s:                    # one persistent interpreter per episode
             s.run("x = 41"); s.run("print(x + 1)")
 
-Each run gets a fresh `python -I -S` with a scrubbed environment, in new pid / network / mount
-namespaces (bubblewrap or util-linux unshare) with an allowlisted read-only root, a tmpfs
-working directory, an unprivileged uid and rlimits. See docs/sandbox.md.
+Each run gets a fresh `python -I -S` with a scrubbed environment, in new pid / network / mount /
+ipc / uts / cgroup namespaces (bubblewrap or util-linux unshare) with an allowlisted read-only
+root, a tmpfs working directory, an unprivileged uid of its own, a fresh session keyring, rlimits
+and a seccomp filter. A run's status comes from its exit status (``wait()``), never from what the
+sandboxed process writes. See docs/sandbox.md.
 """
 
 from __future__ import annotations
