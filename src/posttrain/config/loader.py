@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from posttrain.config.schema import names_own_train_data
 from posttrain.errors import UserError
 
 T = TypeVar("T", bound=BaseModel)
@@ -151,8 +152,24 @@ def load_config(model: type[T], path: str | Path | None = None, overrides: list[
     of a section keeps the algorithm's other defaults for that section.
     """
     data = load_yaml(path) if path is not None else {}
-    data = apply_overrides(data, overrides or [])
-    return validate(model, merge_onto_defaults(model().model_dump(), data))
+    return config_from_data(model, apply_overrides(data, overrides or []))
+
+
+def config_from_data(model: type[T], data: dict) -> T:
+    """The model's defaults updated by a user's nested mapping (a recipe after its overrides), validated.
+
+    A `data` section that names training data of its own without `validation` drops the default
+    validation split (`posttrain.config.schema.names_own_train_data`): no validation set."""
+    defaults = model().model_dump()
+    user_data = data.get("data")
+    if (
+        isinstance(defaults.get("data"), dict)
+        and isinstance(user_data, dict)
+        and "validation" not in user_data
+    ):
+        if names_own_train_data(user_data) and "validation" in defaults["data"]:
+            defaults["data"]["validation"] = None
+    return validate(model, merge_onto_defaults(defaults, data))
 
 
 def to_yaml(config: BaseModel) -> str:

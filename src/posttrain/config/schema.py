@@ -183,6 +183,42 @@ class DatasetConfig(Strict):
         return self
 
 
+def _given(section: Any) -> dict[str, Any]:
+    """The keys a user gave for a section: a mapping's own, or a model's `model_fields_set`."""
+    if isinstance(section, BaseModel):
+        return {k: getattr(section, k) for k in section.model_fields_set}
+    return dict(section) if isinstance(section, dict) else {}
+
+
+def names_own_train_data(data: Any) -> bool:
+    """Whether a user's `data` section picks training data of its own: `train.path`,
+    `train.environment_tasks`, or another generated `train.reasoning_gym.task`. Changing only the
+    size, seed or samples of the generated default does not count."""
+    train = _given(_given(data).get("train"))
+    gym = _given(train.get("reasoning_gym"))
+    return any(train.get(k) is not None for k in ("path", "environment_tasks")) or "task" in gym
+
+
+VALIDATION_HELP = (
+    "The held-out split; null: none. Default: the quickstart's generated problems, but none when "
+    "`data.train` names data of its own (a `path`, `environment_tasks` or another `reasoning_gym.task`) "
+    "and this key is not set: set it to validate on your own held-out data."
+)
+
+
+class SplitsConfig(Strict):
+    """A `data` section with `train` and `validation` splits. Naming training data of one's own
+    (`names_own_train_data`) without `validation` means no validation set: the default's held-out
+    problems are another task. `posttrain.config.load_config` applies the same rule to recipes."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_foreign_validation(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "validation" not in data and names_own_train_data(data):
+            return {**data, "validation": None}
+        return data
+
+
 def _default_sft_train() -> DatasetConfig:
     return DatasetConfig(reasoning_gym=ReasoningGymConfig(size=2000, seed=1, kwargs=_ARITH_KWARGS))
 
@@ -200,9 +236,11 @@ _ARITH_KWARGS: dict = {
 }
 
 
-class SFTDataConfig(Strict):
+class SFTDataConfig(SplitsConfig):
     train: DatasetConfig = Field(default_factory=_default_sft_train)
-    validation: DatasetConfig | None = Field(default_factory=_default_sft_validation)
+    validation: DatasetConfig | None = Field(
+        default_factory=_default_sft_validation, description=VALIDATION_HELP
+    )
     overlong: Literal["truncate", "drop"] = Field(
         "truncate", description="What to do with sequences longer than policy.max_seq_len."
     )
@@ -347,9 +385,11 @@ def _default_grpo_validation() -> DatasetConfig:
     return DatasetConfig(reasoning_gym=ReasoningGymConfig(size=64, seed=99_999, kwargs=_GRPO_ARITH_KWARGS))
 
 
-class GRPODataConfig(Strict):
+class GRPODataConfig(SplitsConfig):
     train: DatasetConfig = Field(default_factory=_default_grpo_train)
-    validation: DatasetConfig | None = Field(default_factory=_default_grpo_validation)
+    validation: DatasetConfig | None = Field(
+        default_factory=_default_grpo_validation, description=VALIDATION_HELP
+    )
     prompt_template: str = Field(
         "{problem}", description="Formats the user message; `{problem}` is replaced."
     )
@@ -1204,9 +1244,11 @@ def _default_pref_validation() -> PreferenceDatasetConfig:
     return PreferenceDatasetConfig(reasoning_gym=gym)
 
 
-class PreferenceDataConfig(Strict):
+class PreferenceDataConfig(SplitsConfig):
     train: PreferenceDatasetConfig = Field(default_factory=_default_pref_train)
-    validation: PreferenceDatasetConfig | None = Field(default_factory=_default_pref_validation)
+    validation: PreferenceDatasetConfig | None = Field(
+        default_factory=_default_pref_validation, description=VALIDATION_HELP
+    )
     overlong: Literal["truncate", "drop"] = Field(
         "truncate",
         description="Pairs with a sequence longer than policy.max_seq_len: cut both at max_seq_len, or drop "
