@@ -303,7 +303,8 @@ class SandboxProcess:
         """Session: send one cell with a fresh nonce, collect until its reply; kill on a limit.
 
         Whatever the pipes hold before the cell is sent (late output or frames of an earlier
-        cell's threads) is dropped; a frame without this cell's nonce is ignored.
+        cell's threads) is dropped; later, a valid reply to an earlier cell is skipped and any
+        other frame than this cell's reply makes it an error (``_scan_replies``).
         """
         start = time.monotonic()
         self._discard_pending()
