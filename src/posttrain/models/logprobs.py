@@ -4,10 +4,11 @@ The decoder runs once; the vocabulary projection runs only on the hidden states 
 whose next token is a target, a chunk of `chunk_size` positions at a time, so full-vocabulary
 fp32 logits never exist for the whole batch at once outside of training.
 
-For a plain bias-free `nn.Linear` head (every HF causal LM we train) the projection and the
-log-softmax are one autograd function, `LinearLogprobs`, whose backward costs the two matmuls
-it must and little else (see its docstring). Other heads (LoRA-wrapped, biased, hooked) take the
-generic path through the module and autograd.
+For a plain `nn.Linear` head (every HF causal LM we train) the projection and the log-softmax are
+one autograd function (`posttrain.models.fused_head`) that keeps no logits for backward: it
+recomputes each chunk's there, so the head's memory is one chunk's whatever the number of tokens
+(`LinearLogprobs`, which keeps every chunk's softmax, serves batches of one chunk). Other heads
+(LoRA-wrapped, hooked) take the generic path through the module and autograd, which keeps them.
 
 Some models transform lm_head's output before returning logits (Granite divides by
 `logits_scaling`, Cohere multiplies by `logit_scale`, Gemma 2/3 soft-cap with
@@ -26,12 +27,8 @@ from typing import Any
 import torch
 
 from posttrain.models.fsdp import all_ranks_max, collective_group
+from posttrain.models.fused_head import LinearLogprobs, RecomputedLinearLogprobs, at_least_fp32, head_forward
 from posttrain.models.packing import packed_hidden_states, packed_logits_at
-
-
-def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    """x in fp32 when it is a narrower float (bf16, fp16); fp32 and fp64 stay as they are (no copy)."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -40,107 +37,17 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def _linear_logprobs_chunk(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, keep_probs: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(hidden @ weight.T)[target] in fp32 ([n]) and, if `keep_probs`, the softmax [n, V].
-
-    One [n, V] buffer: the logits, turned in place into exp(logits - max) and then probabilities.
-    lp = logit[target] - (max + log sum exp(logits - max)), the same sum as torch.logsumexp.
-    """
-    logits = at_least_fp32(hidden @ weight.T)
-    target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1)
-    row_max = logits.amax(dim=1, keepdim=True)
-    exp = logits.sub_(row_max).exp_()
-    row_sum = exp.sum(dim=1, keepdim=True)
-    lp = target_logits - (row_max + row_sum.log()).squeeze(1)
-    return lp, exp.div_(row_sum) if keep_probs else None
-
-
-class LinearLogprobs(torch.autograd.Function):
-    """lp[i] = log softmax(hidden @ weight.T)[i, targets[i]] with a lean backward.
-
-    Shapes: hidden [N, H], weight [V, H] (a bias-free lm_head), targets [N] -> lp [N] in fp32.
-    Forward keeps only the softmax P [N, V] (as autograd would keep the logits). With upstream
-    gradient g [N], d lp_i / d logits_ij = 1[j = t_i] - P_ij, so
-
-        d hidden = -g * (P @ W) + g * W[t]           (row-wise scaling, a row gather)
-        d weight = P.T @ (-g * hidden) + scatter_add(t, g * hidden)
-
-    i.e. two matmuls and no elementwise pass over the [N, V] matrix. P is not modified, so a
-    second backward (retain_graph) is correct too. Chunks of `chunk_size` rows bound the size
-    of one matmul and its temporary; all chunks' P are kept for backward.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_size):  # type: ignore[override]
-        # under autocast (bf16 compute over fp32 weights) the forward matmul runs in the autocast dtype;
-        # backward, which autocast does not cover, runs its two matmuls in that dtype too
-        device_type = hidden.device.type
-        ctx.compute_dtype = (
-            torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        )
-        lps, probs = [], []
-        for start in range(0, hidden.shape[0], chunk_size):
-            stop = start + chunk_size
-            lp, p = _linear_logprobs_chunk(hidden[start:stop], weight, targets[start:stop], keep_probs=True)
-            lps.append(lp)
-            probs.append(p)
-        ctx.chunk_size = chunk_size
-        ctx.save_for_backward(hidden, weight, targets, *probs)
-        return torch.cat(lps) if len(lps) > 1 else lps[0]
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_lp):  # type: ignore[override]
-        hidden, weight, targets, *probs = ctx.saved_tensors
-        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        g = grad_lp.to(hidden.dtype).unsqueeze(1)  # [N, 1]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = None
-        compute = ctx.compute_dtype
-        if compute is not None and compute != weight.dtype:  # autocast: the matmuls in its dtype
-            w_c = weight.to(compute)
-            for i, p in enumerate(probs):
-                rows = slice(i * ctx.chunk_size, (i + 1) * ctx.chunk_size)
-                p = p.to(compute)
-                g_c, t_c = g[rows], targets[rows]
-                if need_hidden:
-                    grad_hidden[rows] = (p @ w_c).to(hidden.dtype)
-                    grad_hidden[rows].mul_(-g_c).addcmul_(g_c, w_c[t_c].to(hidden.dtype))
-                if need_weight:
-                    h_g = hidden[rows] * g_c
-                    part = (p.T @ h_g.neg().to(compute)).to(weight.dtype)
-                    grad_weight = part if grad_weight is None else grad_weight.add_(part)
-                    grad_weight.index_add_(0, t_c, h_g.to(weight.dtype))
-            return grad_hidden, grad_weight, None, None
-        for i, p in enumerate(probs):
-            rows = slice(i * ctx.chunk_size, (i + 1) * ctx.chunk_size)
-            p = p.to(weight.dtype)  # no copy when already fp32
-            g_c, t_c = g[rows], targets[rows]
-            if need_hidden:
-                torch.mm(p, weight, out=grad_hidden[rows])
-                grad_hidden[rows].mul_(-g_c).addcmul_(g_c, weight[t_c])
-            if need_weight:
-                h_g = hidden[rows] * g_c
-                if grad_weight is None:
-                    grad_weight = p.T @ h_g.neg()
-                else:
-                    grad_weight.addmm_(p.T, h_g, alpha=-1)
-                grad_weight.index_add_(0, t_c, h_g)
-        return grad_hidden, grad_weight, None, None
-
-
-def _plain_linear_weight(lm_head: torch.nn.Module) -> torch.Tensor | None:
-    """The weight of a bias-free, hook-free, plain nn.Linear on a plain tensor; else None."""
-    if type(lm_head) is not torch.nn.Linear or lm_head.bias is not None:
+def _plain_linear(lm_head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) of a hook-free, plain nn.Linear on plain tensors; else None."""
+    if type(lm_head) is not torch.nn.Linear:
         return None
     if lm_head._forward_hooks or lm_head._forward_pre_hooks:
         return None
-    weight = lm_head.weight
-    if type(weight) not in (torch.Tensor, torch.nn.Parameter):  # e.g. a DTensor under FSDP
+    weight, bias = lm_head.weight, lm_head.bias
+    plain = (torch.Tensor, torch.nn.Parameter)  # not e.g. a DTensor under FSDP
+    if type(weight) not in plain or (bias is not None and type(bias) not in plain):
         return None
-    return weight
+    return weight, bias
 
 
 @dataclass(frozen=True)
@@ -225,37 +132,102 @@ def chunked_logprobs(
     *,
     transform: LogitsTransform = IDENTITY,
     temperature: float = 1.0,
+    recompute: bool | None = None,
 ) -> torch.Tensor:
     """[N, H] hidden states and [N] targets -> [N] log-probabilities of softmax(transform(lm_head(h)) / T),
     `chunk_size` rows at a time.
 
-    A linear transform and the temperature fold into the hidden states for a bias-free linear head
-    (z * m / T == lm_head(h * m / T)); a soft-cap, or another head, takes the generic path."""
-    weight = _plain_linear_weight(lm_head)
-    if weight is not None and transform.softcap is None and hidden.shape[0] > 0:
+    A plain linear head takes the fused path (`posttrain.models.fused_head`): with gradients on, each
+    chunk's logits are recomputed in backward (`recompute=True`), or all chunks' softmax is kept
+    (`recompute=False`, `LinearLogprobs`, no bias or soft-cap); the default (None) keeps it only when
+    the rows fit in one chunk, where keeping costs what recomputing does (one [chunk, V] buffer) and
+    saves a matmul. Other heads take the generic path through the module and autograd."""
+    fused = _fused_head(hidden, lm_head, transform, temperature)
+    if fused is None:
+        return _generic_head(hidden, targets, lm_head, chunk_size, transform, temperature, False)[0]
+    hidden, weight, bias, softcap, temperature = fused
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        return head_forward(hidden, weight, bias, targets, chunk_size, softcap, temperature, False)[0]
+    if recompute is None:
+        recompute = hidden.shape[0] > chunk_size
+    if not recompute and bias is None and softcap is None and temperature == 1.0:
+        return LinearLogprobs.apply(hidden, weight, targets, chunk_size)
+    args = (hidden, weight, bias, targets, chunk_size, softcap, temperature, False)
+    return RecomputedLinearLogprobs.apply(*args)[0]
+
+
+def chunked_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    lm_head: torch.nn.Module,
+    chunk_size: int,
+    *,
+    transform: LogitsTransform = IDENTITY,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`chunked_logprobs` and the entropy -Σ_v p_v log p_v of each row's full distribution, [N] each,
+    both differentiable; a plain linear head recomputes each chunk's logits in backward."""
+    fused = _fused_head(hidden, lm_head, transform, temperature)
+    if fused is None:
+        return _generic_head(hidden, targets, lm_head, chunk_size, transform, temperature, True)
+    hidden, weight, bias, softcap, temperature = fused
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        lp, _, ent = head_forward(hidden, weight, bias, targets, chunk_size, softcap, temperature, True)
+        return lp, ent
+    return RecomputedLinearLogprobs.apply(
+        hidden, weight, bias, targets, chunk_size, softcap, temperature, True
+    )
+
+
+def _fused_head(
+    hidden: torch.Tensor, lm_head: torch.nn.Module, transform: LogitsTransform, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float | None, float] | None:
+    """(hidden, weight, bias, softcap, temperature) for the fused path, None for the generic one.
+
+    Without a bias the multiplier folds into the hidden states (lm_head(h) * m == lm_head(h * m)), and
+    so does the temperature when nothing non-linear (a soft-cap) comes between; what is returned is the
+    temperature left to apply after the soft-cap (1.0 when folded). A biased head with a multiplier,
+    and an empty batch, take the generic path."""
+    linear = _plain_linear(lm_head)
+    if linear is None or hidden.shape[0] == 0:
+        return None
+    weight, bias = linear
+    if bias is not None and transform.multiplier != 1.0:
+        return None
+    if bias is None:
         if transform.multiplier != 1.0:
             hidden = hidden * transform.multiplier
-        if temperature != 1.0:
-            hidden = hidden / temperature
-        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-            return LinearLogprobs.apply(hidden, weight, targets, chunk_size)
-        parts = [
-            _linear_logprobs_chunk(
-                hidden[i : i + chunk_size], weight, targets[i : i + chunk_size], keep_probs=False
-            )[0]
-            for i in range(0, hidden.shape[0], chunk_size)
-        ]
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        if transform.softcap is None and temperature != 1.0:
+            hidden, temperature = hidden / temperature, 1.0
+    return hidden, weight, bias, transform.softcap, temperature
 
-    def chunk_logprobs(start: int) -> torch.Tensor:
+
+def _generic_head(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    lm_head: torch.nn.Module,
+    chunk_size: int,
+    transform: LogitsTransform,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(lp, entropy or None) through the module and autograd, `chunk_size` rows at a time (autograd
+    keeps every chunk's logits for backward)."""
+
+    def chunk(start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = transform.apply(lm_head(hidden[start : start + chunk_size]))
         if temperature != 1.0:
             logits = logits / temperature
-        return gather_logprobs(logits, targets[start : start + chunk_size])
+        lp = gather_logprobs(logits, targets[start : start + chunk_size])
+        if not with_entropy:
+            return lp, None
+        logp = torch.log_softmax(at_least_fp32(logits), dim=-1)
+        return lp, -(logp.exp() * logp).sum(dim=-1)
 
     if hidden.shape[0] <= chunk_size:
-        return chunk_logprobs(0)
-    return torch.cat([chunk_logprobs(i) for i in range(0, hidden.shape[0], chunk_size)])
+        return chunk(0)
+    lps, ents = zip(*(chunk(i) for i in range(0, hidden.shape[0], chunk_size)), strict=True)
+    return torch.cat(lps), torch.cat(ents) if with_entropy else None
 
 
 def is_fsdp_module(model: torch.nn.Module) -> bool:
