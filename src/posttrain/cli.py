@@ -52,7 +52,8 @@ def _trainer(name: str) -> Callable:
 def _print_eval(run_eval: Callable) -> Callable:
     def run(config: object) -> None:
         result = run_eval(config)
-        shown = {k: v for k, v in result.summary.items() if k.startswith(("pass@", "cons@", "accuracy"))}
+        keys = ("pass@", "cons@", "accuracy", "mean_reward", "loss", "perplexity")
+        shown = {k: v for k, v in result.summary.items() if k.startswith(keys)}
         print("  ".join(f"{k}={v:.4f}" for k, v in shown.items()))
         print(f"wrote {result.output_dir / 'summary.json'} and {result.output_dir / 'samples.jsonl'}")
 
@@ -103,7 +104,8 @@ def _doctor_command(args: argparse.Namespace) -> int:
 DEBUG_HELP = "show the traceback of configuration and data errors too (or set POSTTRAIN_DEBUG=1)"
 
 COMMAND_HELP = {
-    "eval": "evaluate a model or checkpoint on math problems (pass@k, cons@k)",
+    "eval": "evaluate a model or checkpoint: any environment's reward on sampled episodes (mean_reward, "
+    "accuracy, pass@k, cons@k; math by default), or metric=loss: held-out loss and perplexity of SFT data",
     "rm": "train a reward model",
     "distill": "on-policy distillation: the student samples, a teacher's top-k scores its tokens",
     "ppo": "train with PPO: a learned critic (value model) and GAE, one sample per prompt",
@@ -120,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ALGORITHM_CONFIGS:
-        p = sub.add_parser(name, help=COMMAND_HELP.get(name, f"train with {name.upper()}"), parents=[debug])
+        text = COMMAND_HELP.get(name, f"train with {name.upper()}")
+        p = sub.add_parser(name, help=text, description=text, parents=[debug])
         p.add_argument("--config", help="a YAML recipe (e.g. examples/configs/sft.yaml)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. policy.optimizer.lr=1e-5")

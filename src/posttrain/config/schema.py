@@ -66,6 +66,14 @@ class LoraConfig(Strict):
         return self
 
 
+CHAT_TEMPLATE_HELP = (
+    "Set or replace the tokenizer's chat template: a Jinja string (it contains '{{' or '{%'), the path of "
+    "a .jinja file, or `plain` (turns concatenated, assistant turns end with EOS). null: the tokenizer's "
+    "own; a tokenizer without one (a base model) is then an error asking for this key. The run saves the "
+    "tokenizer with it (<run_dir>/tokenizer, every checkpoint), so eval and export use it too."
+)
+
+
 class PolicyConfig(Strict):
     """The trained model and how one optimizer step is computed."""
 
@@ -74,6 +82,7 @@ class PolicyConfig(Strict):
         description="A posttrain model alias (see `posttrain models list`), a local HF folder, or a hub id.",
     )
     tokenizer_name: str | None = Field(None, description="Defaults to model_name.")
+    chat_template: str | None = Field(None, description=CHAT_TEMPLATE_HELP)
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
         description="The compute dtype of forward and backward passes. Parameters (master weights), "
@@ -555,7 +564,16 @@ class EnvironmentConfig(Strict):
     name: str = Field("math", description="A registered environment or `package.module:Class`.")
     kwargs: dict = Field(
         default_factory=dict,
-        description="Constructor arguments; math: timeout_s, format_reward (for a boxed but wrong answer, 0.1).",
+        description="Constructor arguments; math: timeout_s, format_reward (for a boxed but wrong answer, 0.1); "
+        "reward_fn: reward_fn as `module:function`.",
+    )
+    max_error_fraction: float | None = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Stop the run with an error (naming the environment, showing the first error) when more "
+        "than this fraction of one generation batch's samples are verifier errors (a reward function that "
+        "raises, a verifier that times out); null: never.",
     )
     num_workers: int = Field(1, gt=0)
     max_turns: int = Field(1, gt=0)
@@ -576,6 +594,17 @@ class EnvironmentConfig(Strict):
         "is stepped). An FSDP2-sharded colocated policy with the HF backend always uses the "
         "turn-by-turn loop.",
     )
+
+    @model_validator(mode="after")
+    def _resolves(self) -> EnvironmentConfig:
+        """The name (or import path) is an environment class, the kwargs fit its constructor and its
+        function arguments given as `module:function` import (`check_environment`)."""
+        if self.model_fields_set & {"name", "kwargs"}:
+            import posttrain.environments  # noqa: F401  (registers the built-in environments)
+            from posttrain.environments.interface import check_environment
+
+            check_environment(self.name, self.kwargs)
+        return self
 
     @model_validator(mode="after")
     def _turn_limits_agree(self) -> EnvironmentConfig:
@@ -1135,6 +1164,10 @@ class EvalConfig(Strict):
         "(a step_* folder, or a run directory: its latest checkpoint).",
     )
     tokenizer_name: str | None = Field(None, description="Default: the model's (or checkpoint's) tokenizer.")
+    chat_template: str | None = Field(
+        None,
+        description="As policy.chat_template: a Jinja string, a .jinja file or `plain`; null: the tokenizer's.",
+    )
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
     max_seq_len: int = Field(
@@ -1150,6 +1183,13 @@ class EvalConfig(Strict):
     environment: EnvironmentConfig = Field(
         default_factory=EnvironmentConfig,
         description="Scores completions; needs info['correct'] and info['extracted_answer'] (math does).",
+    )
+    metric: Literal["episodes", "loss"] = Field(
+        "episodes",
+        description="episodes: sample replies and score them with `environment` (any environment's reward "
+        "is the metric: mean_reward, accuracy, pass@k, cons@k). loss: the held-out loss of SFT rows "
+        "(`messages` or prompt/response, as `posttrain sft` reads them): mean NLL per assistant token and "
+        "perplexity = exp(loss); nothing is generated.",
     )
     output_dir: str | None = Field(
         None, description="Default: runs/eval. Gets summary.json and samples.jsonl."

@@ -9,8 +9,11 @@ answer equals the ground truth by math-verify),
 Answers vote after `vote_key` normalisation ("5.0" and "5" are one vote); ties go to the answer
 seen first (see `posttrain.algorithms.metrics.majority_vote`). An episode is correct when the
 environment says so (`info["correct"]`), else when its reward is at least 1 (a solved puzzle).
+The metric is whatever the environment rewards: any environment's episodes give mean_reward
+(and accuracy, pass@k, cons@k from its verdicts), math is only the default.
 Episodes run through the same rollout code as training (`run_rollouts`), so multi-turn
-environments and tools work here too. Writes <output_dir>/summary.json and
+environments and tools work here too. `metric: loss` instead reads the dataset as SFT rows and
+reports their held-out loss and perplexity (`run_loss_eval`), generating nothing. Writes <output_dir>/summary.json and
 <output_dir>/samples.jsonl (one row per episode, with the whole conversation when it had several
 turns).
 """
@@ -26,11 +29,12 @@ from typing import Any
 from posttrain.algorithms.metrics import cons_at_k, pass_at_k
 from posttrain.checkpoint.export import resolve_model_source
 from posttrain.config.schema import EvalConfig, episode_token_budget
+from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.text_generation import LocalGenerator
 from posttrain.logging.timer import Timer
-from posttrain.models.tokenizer import load_tokenizer
+from posttrain.models.tokenizer import load_tokenizer, require_chat_template
 from posttrain.rollout.rollout import Rollouts, run_rollouts, transcript
 from posttrain.rollout.tasks import load_tasks
 from posttrain.trainers.common import prepare_run_dir, seed_everything
@@ -152,7 +156,10 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
     out_dir = prepare_run_dir(cfg.output_dir, "eval", cfg)
     seed_everything(cfg.sampling.seed)
     source = resolve_model_source(cfg.model, cfg.tokenizer_name)
-    tokenizer = load_tokenizer(source.tokenizer)
+    tokenizer = load_tokenizer(source.tokenizer, cfg.chat_template)
+    require_chat_template(tokenizer, source.tokenizer, cfg.chat_template, "chat_template")
+    if cfg.metric == "loss":
+        return run_loss_eval(cfg, source.model, tokenizer, out_dir)
     env_cfg = cfg.environment
     tasks = load_tasks(
         cfg.data.dataset,
@@ -218,3 +225,53 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
     }
     write_outputs(out_dir, summary, records)
     return EvalResult(out_dir, summary, records)
+
+
+def heldout_nll(model: Any, examples: list[TokenizedExample], batch_size: int) -> list[tuple[float, int]]:
+    """Per sequence: (sum over its assistant tokens of -log p(token | prefix), number of those tokens),
+    the targets of `posttrain sft` (loss_mask), in fp32 log-probabilities."""
+    from posttrain.data.batching import collate
+    from posttrain.models.logprobs import batched_logprobs
+
+    out = []
+    for start in range(0, len(examples), batch_size):
+        batch = collate(examples[start : start + batch_size])
+        lp = batched_logprobs(model, batch, "loss_mask", batch_size=batch_size, chunk_size=2048)
+        nll = -(lp.double() * batch.loss_mask.double()).sum(dim=1)
+        counts = batch.loss_mask.sum(dim=1)
+        out += [(float(n), int(c)) for n, c in zip(nll, counts, strict=True)]
+    return out
+
+
+def run_loss_eval(cfg: EvalConfig, model_dir: str, tokenizer: Any, out_dir: Path) -> EvalResult:
+    """metric=loss: the held-out loss of SFT rows. loss = sum of NLL over every assistant token of the
+    set / their count (one token mean, as `posttrain sft`'s val/loss); perplexity = exp(loss).
+    Writes summary.json and samples.jsonl (one row per sequence: its NLL sum and token count)."""
+    import math
+
+    import torch
+
+    from posttrain.data.sft import build_sft_dataset
+    from posttrain.models.policy import DTYPES, load_causal_lm
+
+    data = build_sft_dataset(cfg.data.dataset, tokenizer, max_seq_len=cfg.max_seq_len)
+    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    model = load_causal_lm(model_dir, DTYPES[cfg.dtype]).to(device)
+    rows = heldout_nll(model, data.examples, cfg.generation.batch_size)
+    tokens = sum(c for _, c in rows)
+    loss = sum(n for n, _ in rows) / tokens
+    summary: dict[str, Any] = {
+        "model": cfg.model,
+        "metric": "loss",
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "num_sequences": len(rows),
+        "num_target_tokens": tokens,
+        "num_truncated": data.num_truncated,
+        "num_dropped": data.num_dropped,
+    }
+    with open(out_dir / "samples.jsonl", "w") as f:
+        for i, (nll, count) in enumerate(rows):
+            f.write(json.dumps({"index": i, "nll_sum": nll, "target_tokens": count}) + "\n")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return EvalResult(out_dir, summary, [])

@@ -33,7 +33,7 @@ from posttrain.algorithms.advantages import (
 )
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
 from posttrain.algorithms.distillation import on_policy_distill_advantages
-from posttrain.algorithms.metrics import pass_at_k
+from posttrain.algorithms.metrics import accumulate_metrics, engine_mismatch_metrics, pass_at_k
 from posttrain.algorithms.policy_loss import POLICY_LOSSES, kl_estimate
 from posttrain.checkpoint import Deadline, resolve_resume
 from posttrain.config.schema import (
@@ -49,13 +49,14 @@ from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import check_refit
 from posttrain.distributed.teacher_group import StudentGroup, TeacherGroup, teacher_worker_kwargs
 from posttrain.environments.group import EnvironmentGroup
+from posttrain.environments.interface import check_verifier_errors
 from posttrain.errors import WorkerLostError
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.worker import refit_cast_dtype
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
 from posttrain.models.teacher import prepare_teacher
-from posttrain.models.tokenizer import load_tokenizer
+from posttrain.models.tokenizer import training_tokenizer
 from posttrain.rollout.rollout import (
     RLBatch,
     Rollouts,
@@ -68,6 +69,7 @@ from posttrain.rollout.rollout import (
 )
 from posttrain.rollout.tasks import load_tasks
 from posttrain.trainers.common import (
+    graceful_stop,
     latest_values,
     load_controller_state,
     make_checkpointer,
@@ -75,7 +77,7 @@ from posttrain.trainers.common import (
     print_interrupted,
     save_controller_state,
     seed_everything,
-    sigterm_as_interrupt,
+    truncate_step_log,
 )
 from posttrain.trainers.grpo_async import (
     AsyncRollouts,
@@ -112,8 +114,8 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss (``POLICY_LOSSES[policy_loss]``) plus generation-vs-training diagnostics.
 
-    Metrics are this microbatch's shares of global means. token_mult_prob_error and gen_kl
-    compare the generator with π_old, the policy that the batch was sampled for (``old_logprobs``
+    Metrics are this microbatch's shares of global means. token_mult_prob_error, gen_kl,
+    policy_kl_error and js_divergence_error (``engine_mismatch_metrics``) compare the generator with π_old, the policy that the batch was sampled for (``old_logprobs``
     when the batch gets several updates, else the current policy, which then is π_old): they
     measure the engine mismatch, not how far the policy has moved since (NeMo RL's definition).
     That holds for rows sampled by π_old's own weights; in async mode stale rows also carry the
@@ -132,15 +134,11 @@ def grpo_loss(
         token_normalizer=token_normalizer,
         **knobs,
     )
-    mask = batch.loss_mask.to(torch.bool)
-    zero = torch.zeros_like(logprobs.detach())
-    delta = torch.where(mask, batch.generation_logprobs.to(zero.dtype) - old.detach().to(zero.dtype), zero)
-    metrics["token_mult_prob_error"] = float(
-        torch.where(mask, torch.exp(delta.abs()), zero).sum() / token_normalizer
+    metrics.update(
+        engine_mismatch_metrics(
+            old.detach(), batch.generation_logprobs, batch.loss_mask, normalizer=token_normalizer
+        )
     )
-    # k3 estimate of KL(π_gen || π_old) on tokens sampled from π_gen: r = π_old / π_gen
-    log_r = -delta
-    metrics["gen_kl"] = float((torch.exp(log_r) - 1 - log_r).sum() / token_normalizer)
     return loss, metrics
 
 
@@ -341,13 +339,17 @@ class GRPOTrainer:
 
     def __init__(self, cfg: GRPOConfig) -> None:
         self.cfg = cfg
-        self.run_dir = prepare_run_dir(cfg.logging.run_dir, self.run_kind, cfg)
-        seed_everything(cfg.grpo.seed)
         from posttrain.models.hub import resolve_model
 
-        self.model_path = resolve_model(cfg.policy.model_name)
-        tokenizer_path = cfg.policy.tokenizer_name or self.model_path
-        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.model_path = resolve_model(cfg.policy.model_name)  # a missing model fails before the run dir
+        self.run_dir = prepare_run_dir(cfg.logging.run_dir, self.run_kind, cfg)
+        seed_everything(cfg.grpo.seed)
+        self.tokenizer, tokenizer_path = training_tokenizer(
+            cfg.policy.tokenizer_name or self.model_path,
+            cfg.policy.chat_template,
+            self.run_dir,
+            "policy.chat_template",
+        )
         max_prompt = cfg.policy.max_seq_len - cfg.generation.max_new_tokens
         if max_prompt <= 0:
             raise ValueError(
@@ -499,6 +501,8 @@ class GRPOTrainer:
             progress=progress,
         )
         self.next_group_id += len(problems)
+        env = self.cfg.environment
+        check_verifier_errors([t.info for t in out.trajectories], env.max_error_fraction, env.name)
         for t in out.trajectories:
             t.policy_version = self.policy_version
         if self.cfg.generation.vllm.sleep and not self.split:
@@ -652,8 +656,7 @@ class GRPOTrainer:
                 normalizer, tokens = self.normalizers(mb)
                 loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
                 out = self.policy.train(mb, loss_fn, normalizer)
-                for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
-                    metrics[k] = metrics.get(k, 0.0) + v / len(minibatches)
+                accumulate_metrics(metrics, {**out.loss_metrics, "grad_norm": out.grad_norm}, 1 / len(minibatches))
                 metrics["lr"] = out.lr
         if self.async_rollouts is not None:
             metrics.update(
@@ -770,6 +773,8 @@ class GRPOTrainer:
             self.refit() if cfg.generation.vllm.lora_adapter else self.check_generator()
             self.timer.pop()
         result = GRPOResult(self.run_dir, step, last_checkpoint=resume_from)
+        for log_file in ("metrics.jsonl", "samples.jsonl"):  # a resumed run logs no step twice
+            truncate_step_log(self.run_dir / log_file, step if resume_from else None)
         logger = MetricsLogger(
             cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step, config=cfg
         )
@@ -792,7 +797,7 @@ class GRPOTrainer:
 
         deadline = Deadline(cfg.checkpoint.deadline_s)
         try:
-            with sigterm_as_interrupt():
+            with graceful_stop() as stop:
                 if step == 0 and cfg.grpo.val_at_start:
                     log(0, self.validate())
                     self.timer.pop()
@@ -800,6 +805,8 @@ class GRPOTrainer:
                     self.async_rollouts.start()
                 done_here = 0
                 while step < self.total_steps and (stop_after is None or done_here < stop_after):
+                    if stop.requested:
+                        break
                     if deadline.should_stop():
                         result.stopped_by_deadline = True
                         logger.info(
@@ -833,10 +840,11 @@ class GRPOTrainer:
                         result.last_checkpoint = self.save(step, result.history)
                         deadline.record_save(time.perf_counter() - saving)
                 result.step = step
-                if cfg.checkpoint.enabled and (
-                    result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"
-                ):
+                # the last finished step, unless saved already (none before the first step on a signal)
+                unsaved = result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"
+                if cfg.checkpoint.enabled and unsaved and (step > 0 or not stop.requested):
                     result.last_checkpoint = self.save(step, result.history)
+                stop.raise_if_requested()
         except KeyboardInterrupt:
             print_interrupted(self.checkpointer.latest())
             raise

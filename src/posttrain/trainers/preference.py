@@ -30,8 +30,11 @@ from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_curves
-from posttrain.models.tokenizer import load_tokenizer
+from posttrain.models.tokenizer import training_tokenizer
 from posttrain.trainers.common import (
+    GracefulStop,
+    epochs_notice,
+    graceful_stop,
     latest_values,
     load_controller_state,
     make_checkpointer,
@@ -39,7 +42,7 @@ from posttrain.trainers.common import (
     print_interrupted,
     save_controller_state,
     seed_everything,
-    sigterm_as_interrupt,
+    truncate_step_log,
 )
 
 
@@ -60,13 +63,17 @@ class PreferenceTrainer:
 
     def __init__(self, cfg: Any, loop: PreferenceTrainerConfig) -> None:
         self.cfg, self.loop = cfg, loop
-        self.run_dir = prepare_run_dir(cfg.logging.run_dir, self.algorithm, cfg)
-        seed_everything(loop.seed)
         from posttrain.models.hub import resolve_model
 
-        self.model_path = resolve_model(cfg.policy.model_name)
-        self.tokenizer_path = cfg.policy.tokenizer_name or self.model_path
-        self.tokenizer = load_tokenizer(self.tokenizer_path)
+        self.model_path = resolve_model(cfg.policy.model_name)  # a missing model fails before the run dir
+        self.run_dir = prepare_run_dir(cfg.logging.run_dir, self.algorithm, cfg)
+        seed_everything(loop.seed)
+        self.tokenizer, self.tokenizer_path = training_tokenizer(
+            cfg.policy.tokenizer_name or self.model_path,
+            cfg.policy.chat_template,
+            self.run_dir,
+            "policy.chat_template",
+        )
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.train_data = self._dataset(cfg.data.train)
         self.val_data = self._dataset(cfg.data.validation) if cfg.data.validation else None
@@ -149,10 +156,21 @@ class PreferenceTrainer:
         resume_from = resolve_resume(self.cfg.checkpoint.resume, self.checkpointer)
         step = self.restore(resume_from) if resume_from else 0
         result = PreferenceResult(self.run_dir, step, last_checkpoint=resume_from)
+        truncate_step_log(self.run_dir / "metrics.jsonl", step if resume_from else None)
         logger = MetricsLogger(
             self.cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step, config=self.cfg
         )
         logger.info(self.describe() + (f"; resumed from {resume_from}" if resume_from else ""))
+        loop = self.loop
+        notice = epochs_notice(
+            self.algorithm,
+            loop.max_steps,
+            loop.num_epochs,
+            self.sampler.batches_per_epoch,
+            len(self.train_data),
+        )
+        if notice:
+            logger.info(notice)
 
         def log(step: int, metrics: dict[str, float]) -> None:
             if metrics:
@@ -160,8 +178,9 @@ class PreferenceTrainer:
                 result.history.append({"step": step, **metrics})
 
         try:
-            with sigterm_as_interrupt():
-                self._loop(step, stop_after, result, log, logger)
+            with graceful_stop() as stop:
+                self._loop(step, stop_after, result, log, logger, stop)
+                stop.raise_if_requested()  # after the last finished step was saved
         except KeyboardInterrupt:
             print_interrupted(self.checkpointer.latest())
             raise
@@ -173,9 +192,16 @@ class PreferenceTrainer:
         return result
 
     def _loop(
-        self, step: int, stop_after: int | None, result: PreferenceResult, log: Any, logger: MetricsLogger
+        self,
+        step: int,
+        stop_after: int | None,
+        result: PreferenceResult,
+        log: Any,
+        logger: MetricsLogger,
+        stop: GracefulStop,
     ) -> None:
-        """Steps until total_steps, `stop_after` steps of this call, or the deadline; then a final save."""
+        """Steps until total_steps, `stop_after` steps of this call, the deadline or a stop signal; then a
+        final save of the last finished step (unless saved already; none before the first step)."""
         enabled, save_every = self.cfg.checkpoint.enabled, self.cfg.checkpoint.save_every
         deadline = Deadline(self.cfg.checkpoint.deadline_s)
 
@@ -188,6 +214,8 @@ class PreferenceTrainer:
             log(0, self.validate())
         done_here = 0
         while step < self.total_steps and (stop_after is None or done_here < stop_after):
+            if stop.requested:
+                break
             if deadline.should_stop():
                 result.stopped_by_deadline = True
                 logger.info(f"checkpoint.deadline_s={self.cfg.checkpoint.deadline_s} reached at step {step}")
@@ -207,7 +235,8 @@ class PreferenceTrainer:
             if enabled and step % save_every == 0:
                 save(step)
         result.step = step
-        if enabled and (result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"):
+        unsaved = result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"
+        if enabled and unsaved and (step > 0 or not stop.requested):
             save(step)
 
 

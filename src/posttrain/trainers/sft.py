@@ -28,8 +28,11 @@ from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_run
 from posttrain.logging.progress import phase
-from posttrain.models.tokenizer import load_tokenizer
+from posttrain.models.tokenizer import training_tokenizer
 from posttrain.trainers.common import (
+    GracefulStop,
+    epochs_notice,
+    graceful_stop,
     latest_values,
     load_controller_state,
     make_checkpointer,
@@ -37,7 +40,7 @@ from posttrain.trainers.common import (
     print_interrupted,
     save_controller_state,
     seed_everything,
-    sigterm_as_interrupt,
+    truncate_step_log,
 )
 
 PLOTS = ["loss", "val/loss", "grad_norm", "lr", "tokens_per_s", "timing/step"]
@@ -73,12 +76,14 @@ def validation_loss(policy: PolicyGroup, data: SFTDataset, batch_size: int, max_
 
 def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
     """Train; `stop_after` ends this invocation after that many steps (a later call resumes)."""
-    run_dir = prepare_run_dir(cfg.logging.run_dir, "sft", cfg)
-    seed_everything(cfg.sft.seed)
     from posttrain.models.hub import resolve_model
 
-    model_path = resolve_model(cfg.policy.model_name)
-    tokenizer = load_tokenizer(cfg.policy.tokenizer_name or model_path)
+    model_path = resolve_model(cfg.policy.model_name)  # a missing model fails before the run dir exists
+    run_dir = prepare_run_dir(cfg.logging.run_dir, "sft", cfg)
+    seed_everything(cfg.sft.seed)
+    tokenizer, _ = training_tokenizer(
+        cfg.policy.tokenizer_name or model_path, cfg.policy.chat_template, run_dir, "policy.chat_template"
+    )
     train_data = build_sft_dataset(
         cfg.data.train, tokenizer, max_seq_len=cfg.policy.max_seq_len, overlong=cfg.data.overlong
     )
@@ -110,6 +115,7 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
             state = load_controller_state(resume_from)
             step = state["step"]
             sampler.load_state_dict(state["sampler"])
+        truncate_step_log(run_dir / "metrics.jsonl", step if resume_from else None)
         logger = MetricsLogger(cfg.logging, run_dir, total_steps=total_steps, start_step=step, config=cfg)
         logger.info(
             f"SFT: {len(train_data)} train sequences ({train_data.num_truncated} truncated, "
@@ -117,8 +123,13 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
             f"{len(val_data) if val_data else 0} validation; {total_steps} steps on {workers} worker(s); "
             f"run dir {run_dir}" + (f"; resumed from {resume_from}" if resume_from else "")
         )
+        notice = epochs_notice(
+            "sft", cfg.sft.max_steps, cfg.sft.num_epochs, sampler.batches_per_epoch, len(train_data)
+        )
+        if notice:
+            logger.info(notice)
         result = SFTResult(run_dir, step, last_checkpoint=resume_from)
-        with sigterm_as_interrupt():
+        with graceful_stop() as stop:
             _train_loop(
                 cfg,
                 policy,
@@ -131,7 +142,9 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
                 tokenizer,
                 total_steps,
                 stop_after,
+                stop,
             )
+            stop.raise_if_requested()  # after the last finished step was saved
         return result
     except KeyboardInterrupt:
         print_interrupted(checkpointer.latest())
@@ -158,7 +171,11 @@ def _train_loop(
     tokenizer: Any,
     total_steps: int,
     stop_after: int | None,
+    stop: GracefulStop,
 ) -> None:
+    """Steps until total_steps, `stop_after` steps, the deadline or a stop signal; then a final save
+    of the last finished step (unless it is saved already; none before the first step)."""
+
     def validate(step: int) -> None:
         if val_data is not None:
             loss = validation_loss(policy, val_data, cfg.sft.global_batch_size, cfg.sft.val_batches)
@@ -184,6 +201,8 @@ def _train_loop(
         validate(0)
     steps_this_run = 0
     while step < total_steps and (stop_after is None or steps_this_run < stop_after):
+        if stop.requested:
+            break
         if deadline.should_stop():
             result.stopped_by_deadline = True
             logger.info(f"checkpoint.deadline_s={cfg.checkpoint.deadline_s} reached at step {step}")
@@ -211,5 +230,6 @@ def _train_loop(
         deadline.record_step(time.perf_counter() - start)  # with validation, if any
         if step % cfg.checkpoint.save_every == 0:
             save(step)
-    if result.last_checkpoint is None or not result.last_checkpoint.name.endswith(f"{step:06d}"):
+    unsaved = result.last_checkpoint is None or not result.last_checkpoint.name.endswith(f"{step:06d}")
+    if unsaved and (step > 0 or not stop.requested):
         save(step)
