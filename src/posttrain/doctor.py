@@ -507,8 +507,9 @@ def load_doctor_config(
     path: str | None, algorithm: str | None, overrides: list[str]
 ) -> tuple[str, BaseModel]:
     """The config to check: ``algorithm``'s (default grpo); with a file and no algorithm, the first
-    algorithm (grpo, sft, dpo, rm, distill, eval) whose config accepts the file."""
-    from posttrain.config.loader import load_config
+    algorithm (grpo, sft, dpo, rm, distill, eval) whose config accepts the file and the overrides.
+    When none does but one accepts the file alone, its error blames the overrides (`OverrideError`)."""
+    from posttrain.config.loader import OverrideError, load_config
     from posttrain.config.schema import ALGORITHM_CONFIGS
     from posttrain.errors import UserError
 
@@ -517,12 +518,16 @@ def load_doctor_config(
         return name, load_config(ALGORITHM_CONFIGS[name], path, overrides)
     order = ["grpo", "sft", "dpo", "rm", "distill", "eval"]
     names = [n for n in order if n in ALGORITHM_CONFIGS] + [n for n in ALGORITHM_CONFIGS if n not in order]
-    errors = []
+    override_errors, errors = [], []
     for name in names:
         try:
             return name, load_config(ALGORITHM_CONFIGS[name], path, overrides)
+        except OverrideError as e:  # the file fits this command; the overrides do not
+            override_errors.append(e)
         except UserError as e:
             errors.append(f"{name}: {e}")
+    if override_errors:
+        raise override_errors[0]
     raise UserError(f"{path} is not a valid config of any command; set --algorithm. " + errors[0])
 
 

@@ -44,8 +44,8 @@ def test_environments_without_a_turn_limit_are_unchanged() -> None:
     assert EnvironmentConfig().max_turns == 1
     assert EnvironmentConfig(name="math").max_turns == 1
     assert EnvironmentConfig(name="tool_calculator", max_turns=3).max_turns == 3
-    # an import path is not imported to check it
-    assert EnvironmentConfig(name="no_such_package.envs:Env", max_turns=1).max_turns == 1
+    # an import path of a class without a turn limit (an unimportable one is an error: test_environment_spec)
+    assert EnvironmentConfig(name="posttrain.environments.math:MathEnvironment", max_turns=1).max_turns == 1
 
 
 def test_a_task_can_lower_max_moves_never_raise_it() -> None:

@@ -24,6 +24,10 @@ class ConfigError(UserError, ValueError):
     """A config that cannot be used, with a message that says what to change."""
 
 
+class OverrideError(ConfigError):
+    """A recipe file that is valid on its own, made invalid by command-line overrides."""
+
+
 def deep_merge(base: dict, override: dict) -> dict:
     """Return `base` updated by `override`; nested dicts merge, anything else replaces."""
     merged = dict(base)
@@ -149,10 +153,22 @@ def load_config(model: type[T], path: str | Path | None = None, overrides: list[
     """The model's defaults, then the recipe file (optional), then dotted overrides -> validated config.
 
     Defaults are the algorithm config's own (e.g. `SFTConfig()`), so a recipe that sets one key
-    of a section keeps the algorithm's other defaults for that section.
+    of a section keeps the algorithm's other defaults for that section. When the recipe is valid on
+    its own and the overrides make it invalid, the error says so (it blames the overrides, not the file).
     """
-    data = load_yaml(path) if path is not None else {}
-    return config_from_data(model, apply_overrides(data, overrides or []))
+    recipe = load_yaml(path) if path is not None else {}
+    try:
+        return config_from_data(model, apply_overrides(recipe, overrides or []))
+    except ConfigError as e:
+        if not overrides or path is None:
+            raise
+        try:
+            config_from_data(model, recipe)
+        except ConfigError:
+            raise e from None  # the recipe itself is invalid
+        raise OverrideError(
+            f"command-line override(s) {' '.join(overrides)} (not {path}, which is valid alone): {e}"
+        ) from None
 
 
 def config_from_data(model: type[T], data: dict) -> T:

@@ -10,7 +10,7 @@ import os
 import warnings
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 
 class Strict(BaseModel):
@@ -560,6 +560,20 @@ class GenerationConfig(Strict):
             )
 
 
+def named_callables(value: Any) -> Any:
+    """`value` with every function in it (inside lists, tuples and dicts) replaced by its import path
+    "module:qualname"; plain data unchanged."""
+    if isinstance(value, dict):
+        return {k: named_callables(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [named_callables(v) for v in value]
+    if callable(value):
+        return (
+            f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', type(value).__qualname__)}"
+        )
+    return value
+
+
 class EnvironmentConfig(Strict):
     name: str = Field("math", description="A registered environment or `package.module:Class`.")
     kwargs: dict = Field(
@@ -594,6 +608,12 @@ class EnvironmentConfig(Strict):
         "is stepped). An FSDP2-sharded colocated policy with the HF backend always uses the "
         "turn-by-turn loop.",
     )
+
+    @field_serializer("kwargs", when_used="json")
+    def _callables_by_name(self, kwargs: dict) -> dict:
+        """config.yaml and loggers record a Python callable (the Python API's reward functions) by its
+        import path, "module:qualname"."""
+        return named_callables(kwargs)
 
     @model_validator(mode="after")
     def _resolves(self) -> EnvironmentConfig:
@@ -694,6 +714,26 @@ class LossConfig(Strict):
     importance_min: float | None = Field(
         None, ge=0, description="Lower bound of the importance ratio; null: 0 (no lower bound)."
     )
+    disable_ppo_ratio: bool = Field(
+        False,
+        description="NeMo RL: disable_ppo_ratio. The REINFORCE / RLOO surrogate -A log π instead of the "
+        "clipped ratio (same gradient on one update per batch; the logged pg_loss is -A log π). Use it "
+        "for a REINFORCE-style recipe moved from NeMo RL; no dual_clip, token ratio_level, clipped_pg.",
+    )
+    on_policy_kl_approximation: bool = Field(
+        False,
+        description="NeMo RL: use_on_policy_kl_approximation. Weight the KL term by π / π_gen (held "
+        "fixed), so the KL estimate is unbiased for tokens drawn by the engine rather than by π. Use it "
+        "with kl_beta > 0 when the engine differs from the trainer (vLLM, async).",
+    )
+    seq_logprob_error_threshold: float | None = Field(
+        None,
+        ge=1,
+        description="NeMo RL: grpo.seq_logprob_error_threshold. Leave out of the loss a sequence whose "
+        "mean exp(|log π_old - log π_gen|) over its tokens exceeds this (e.g. 1.5); the count is logged "
+        "as logprob_error/dropped_sequences. Use it when a few sequences' engine logprobs are broken; "
+        "null: off (the error is only logged).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> LossConfig:
@@ -706,6 +746,18 @@ class LossConfig(Strict):
             raise ValueError(
                 "loss.policy_loss=cispo clips the importance weight itself: it takes no loss.dual_clip "
                 "and only loss.ratio_level=token"
+            )
+        if self.disable_ppo_ratio and (
+            self.policy_loss != "clipped_pg" or self.dual_clip is not None or self.ratio_level != "token"
+        ):
+            raise ValueError(
+                "loss.disable_ppo_ratio=true uses -A log π, which has no ratio to clip: it takes "
+                "loss.policy_loss=clipped_pg, no loss.dual_clip and loss.ratio_level=token"
+            )
+        if self.on_policy_kl_approximation and (self.kl_beta == 0 or self.kl_in_reward):
+            config_warning(
+                "loss.on_policy_kl_approximation=true weights the KL loss term, but there is none "
+                f"(kl_beta={self.kl_beta}, kl_in_reward={self.kl_in_reward}): it has no effect"
             )
         if (
             self.kl_beta > 0

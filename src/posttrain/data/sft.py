@@ -28,6 +28,11 @@ def row_to_messages(row: Row, cfg: DatasetConfig) -> list[Message]:
     data = row.data
     fmt = cfg.format
     if fmt == "auto":
+        if cfg.messages_key not in data and cfg.prompt_key not in data:
+            raise DataError(
+                f"{row.where}: missing key {cfg.messages_key!r} (a list of chat messages), or "
+                f"{cfg.prompt_key!r} and {cfg.response_key!r} (the row has keys: {', '.join(data) or 'none'})"
+            )
         fmt = "messages" if cfg.messages_key in data else "prompt_response"
     if fmt == "messages":
         messages = _require(row, cfg.messages_key)

@@ -54,7 +54,7 @@ def _file_rows(path: Path) -> list[Row]:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path} row {lineno}: invalid JSON ({e.msg})") from None
+                    raise DataError(f"{path} row {lineno}: {json_error(e)}") from None
                 if not isinstance(obj, dict):
                     raise DataError(f"{path} row {lineno}: expected a JSON object, got {type(obj).__name__}")
                 rows.append(Row(obj, f"{path} row {lineno}"))
@@ -81,6 +81,15 @@ def _file_rows(path: Path) -> list[Row]:
     except pa.ArrowException as e:
         raise DataError(f"{path}: not a readable parquet file ({_one_line(e)})") from None
     return [Row(o, f"{path} row {i + 1}") for i, o in enumerate(table.to_pylist())]
+
+
+def json_error(error: json.JSONDecodeError, width: int = 30) -> str:
+    """What is wrong with one line of JSON and where: its message, the column, and the text around it
+    (at most `width` characters each side, marked with `<here>` where the parser stopped)."""
+    text, pos = error.doc.rstrip("\n"), error.pos
+    before = ("..." if pos > width else "") + text[max(0, pos - width) : pos]
+    after = text[pos : pos + width] + ("..." if len(text) > pos + width else "")
+    return f"invalid JSON ({error.msg} at column {error.colno}: {before}<here>{after})"
 
 
 def _one_line(error: BaseException) -> str:

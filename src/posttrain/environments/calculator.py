@@ -179,6 +179,9 @@ class CalculatorEnvironment(ToolEnvironment):
             describe_tools: see `ToolEnvironment`.
     """
 
+    required_fields = ("a", "b")
+    """Task fields every dataset row must give (`reset` builds the product a × b from them)."""
+
     def __init__(
         self,
         max_tool_calls: int = 3,

@@ -365,6 +365,9 @@ class CodeEnvironment:
         sandbox: `SandboxConfig` fields (e.g. {"workers": 2, "memory_mb": 512}).
     """
 
+    required_fields = ("tests",)
+    """Task fields every dataset row must give (the tests the reply's code must pass)."""
+
     def __init__(
         self,
         tasks: Literal["generated", "humaneval"] = "generated",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from posttrain.environments.timeout_pool import TIMEOUT, TimeoutPool
+from posttrain.errors import UserError
 
 Message = dict[str, Any]
 """One chat message: {"role": "system" | "user" | "assistant" | "tool", "content": str}, plus, in the
@@ -165,6 +166,28 @@ def last_assistant_content(message_log: Sequence[Message]) -> str:
     return ""
 
 
+class EnvironmentSpecError(UserError, ValueError):
+    """An environment name, import path or constructor argument that does not resolve."""
+
+
+class VerifierErrorsError(UserError):
+    """Most of a batch's samples could not be scored: the environment (or its reward function) is broken."""
+
+
+def check_verifier_errors(infos: Sequence[dict[str, Any]], max_fraction: float | None, name: str) -> None:
+    """Raise `VerifierErrorsError` when more than `max_fraction` of the samples (their final `info`)
+    have a "verifier_error"; the message names the environment and shows the first error.
+    `max_fraction` None: never."""
+    errors = [i.get("verifier_error") for i in infos if i.get("verifier_error") is not None]
+    if max_fraction is None or not infos or len(errors) <= max_fraction * len(infos):
+        return
+    raise VerifierErrorsError(
+        f"environment {name}: {len(errors)} of {len(infos)} samples could not be scored (verifier errors), "
+        f"more than environment.max_error_fraction={max_fraction}; the first: {errors[0]}. Fix the "
+        "environment or its reward function (environment.max_error_fraction=null turns this check off)"
+    )
+
+
 def verifier_error_metrics(results: EnvStepResult) -> dict[str, float]:
     """`env/verifier_errors` (all failed verifications: exceptions and timeouts) and `env/verifier_timeouts`."""
     errors = [i.get("verifier_error") for i in results.info]
@@ -199,14 +222,17 @@ class RewardFunctionEnvironment(PooledEnvironment):
     function, or any callable if cloudpickle is installed).
     """
 
+    callable_kwargs = ("reward_fn",)
+    """Constructor arguments that may be given as "module:function" strings (a config, the command line)."""
+
     def __init__(
         self,
-        reward_fn: Callable[[str, dict[str, Any]], float],
+        reward_fn: Callable[[str, dict[str, Any]], float] | str,
         *,
         timeout_s: float | None = None,
         num_procs: int = 1,
     ) -> None:
-        self.reward_fn = reward_fn
+        self.reward_fn = resolve_callable(reward_fn, "environment.kwargs.reward_fn")
         self.timeout_s = timeout_s
         self.num_procs = num_procs
         self._pool: TimeoutPool | None = None
@@ -265,12 +291,56 @@ def resolve_environment(name: str | type) -> type:
     if name in ENVIRONMENTS:
         return ENVIRONMENTS[name]
     if ":" in name:
-        module, _, attr = name.partition(":")
-        return getattr(importlib.import_module(module), attr)
-    raise ValueError(
+        found = import_attribute(name, "environment.name")
+        if not isinstance(found, type):
+            raise EnvironmentSpecError(f"environment.name={name!r} is a {type(found).__name__}, not a class")
+        return found
+    raise EnvironmentSpecError(
         f"unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}. Register yours with "
         "@register_environment(name), or give an import path like 'my_package.envs:MyEnvironment'"
     )
+
+
+def import_attribute(spec: str, key: str) -> Any:
+    """`module:attribute` imported; `EnvironmentSpecError` naming `key` (the config key) when the
+    module does not import or has no such attribute."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise EnvironmentSpecError(f"{key}={spec!r} is not of the form 'module:name'")
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any failure of the user's module is reported in one line
+        raise EnvironmentSpecError(
+            f"{key}={spec!r}: cannot import module {module!r} ({type(e).__name__}: {e}); put its folder "
+            "on PYTHONPATH"
+        ) from e
+    if not hasattr(loaded, attr):
+        raise EnvironmentSpecError(f"{key}={spec!r}: module {module!r} has no attribute {attr!r}")
+    return getattr(loaded, attr)
+
+
+def resolve_callable(value: Callable | str, key: str) -> Callable:
+    """A callable as is; a "module:function" string imported (`import_attribute`) and checked callable."""
+    found = import_attribute(value, key) if isinstance(value, str) else value
+    if not callable(found):
+        raise EnvironmentSpecError(f"{key}={value!r} is a {type(found).__name__}, not a function")
+    return found
+
+
+def check_environment(name: str | type, kwargs: dict[str, Any]) -> None:
+    """Raise `EnvironmentSpecError` unless `name` resolves to an environment class, `kwargs` fit its
+    constructor, and its `callable_kwargs` given as strings import. Run at config validation, so a
+    typo stops `--print-config`, `doctor` and a run before anything starts."""
+    cls = resolve_environment(name)
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise EnvironmentSpecError(f"environment.kwargs do not fit {cls.__qualname__}: {e}") from None
+    except ValueError:  # no signature to check (a builtin)
+        pass
+    for arg in getattr(cls, "callable_kwargs", ()):
+        if isinstance(kwargs.get(arg), str):
+            resolve_callable(kwargs[arg], f"environment.kwargs.{arg}")
 
 
 def episode_turn_limit(cls: type, kwargs: dict[str, Any]) -> tuple[str, int] | None:

@@ -187,6 +187,8 @@ def math_verify_equal(prediction: str, answer: str) -> bool:
 class MathEnvironment(PooledEnvironment):
     """Single-turn math: reward 1.0 if the boxed answer of the last assistant message is correct.
 
+    Every task needs "answer", the ground truth (`required_fields`; the data loader checks each row).
+
     Args:
         timeout_s: limit for verifying one sample; a sample past it scores 0 (`verifier_error="timeout"`).
         format_reward: reward for a boxed answer that is wrong (0.1 by default, which teaches the
@@ -201,6 +203,9 @@ class MathEnvironment(PooledEnvironment):
     "extracted_answer" (str or None), "correct" (bool), "verifier_error" (None, "timeout",
     or "exception: ...") and "copied_prompt" (bool: the answer is a copy of the prompt).
     """
+
+    required_fields = ("answer",)
+    """Task fields every dataset row must give (checked when the data loads)."""
 
     def __init__(
         self,

@@ -85,6 +85,9 @@ class PythonToolEnvironment(ToolEnvironment):
         sandbox: `SandboxConfig` fields (e.g. {"workers": 2, "timeout_s": 5}).
     """
 
+    required_fields = ("base", "exponent")
+    """Task fields every dataset row must give (`reset` builds the digit-sum task from them)."""
+
     def __init__(
         self,
         max_tool_calls: int = 3,

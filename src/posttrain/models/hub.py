@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posttrain.errors import MissingFileError, UserError
 from posttrain.logging.progress import phase
 
 if TYPE_CHECKING:
@@ -96,8 +97,8 @@ def resolve_model(name: str, *, auto_pull: bool = True, log: Log = print) -> str
     """Turn a model name into something ``from_pretrained`` accepts.
 
     A known alias becomes its pulled folder (pulled first if missing and ``auto_pull``); an existing
-    local folder is returned as is (``~`` expanded); anything else is taken to be a hub id and
-    returned unchanged.
+    local folder is returned as is (``~`` expanded); a hub id (`HUB_ID`) is returned unchanged.
+    Anything else (a path that does not exist) raises `MissingFileError` before any download.
     """
     if name in MODEL_ALIASES:
         if not is_pulled(name) and not auto_pull:
@@ -109,7 +110,21 @@ def resolve_model(name: str, *, auto_pull: bool = True, log: Log = print) -> str
     local = os.path.expanduser(name)
     if os.path.isdir(local):
         return local
+    if not HUB_ID.match(name):
+        raise MissingFileError(
+            f"model not found: {name} is not a folder, a hub id (org/name) or an alias; give a Hugging Face "
+            "model folder, a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct, or an alias from "
+            "`posttrain models list`"
+        )
     return name
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+"""A Hugging Face hub id, `name` or `org/name`; anything else that is no folder is a missing path."""
+
+
+class UnknownModelError(UserError, ValueError):
+    """`posttrain models pull NAME` with a name that is no known alias."""
 
 
 def pull_model(alias: str, *, force: bool = False, log: Log = print) -> Path:
@@ -139,12 +154,14 @@ def pull_model(alias: str, *, force: bool = False, log: Log = print) -> Path:
 
 
 def _source(alias: str) -> ModelSource:
-    """The registry entry for ``alias``, or a ValueError naming the known ones."""
+    """The registry entry for ``alias``, or an `UnknownModelError` (a ValueError) naming the known ones."""
     try:
         return MODEL_ALIASES[alias]
     except KeyError:
         known = ", ".join(sorted(MODEL_ALIASES))
-        raise ValueError(f"unknown model alias {alias!r}; known aliases: {known}") from None
+        raise UnknownModelError(
+            f"unknown model alias {alias!r}; known aliases: {known} (`posttrain models list`)"
+        ) from None
 
 
 def _fetch_gguf(source: ModelSource, work: Path, log: Log) -> Path:

@@ -1,30 +1,129 @@
-"""Pieces every trainer shares: the run directory, seeding, controller state, signals."""
+"""Pieces every trainer shares: the run directory, seeding, controller state, signals, resuming."""
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
+import os
 import random
 import signal
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel
+import yaml
+from pydantic import BaseModel, ValidationError
 
 from posttrain.checkpoint import Checkpointer
-from posttrain.config.loader import to_yaml
+from posttrain.checkpoint.checkpointer import resolve_resume
+from posttrain.config.loader import ConfigError, to_yaml
 from posttrain.config.schema import CheckpointConfig
+from posttrain.errors import UserError
+
+RESUMABLE_CHANGES = (
+    "*.max_steps",
+    "*.num_epochs",
+    "*.val_every",
+    "*.val_at_start",
+    "*.val_batches",
+    "*.val_samples_per_prompt",
+    "*.val_temperature",
+    "data.validation",
+    "data.validation.*",
+    "checkpoint.*",
+    "logging.*",
+    "environment.max_error_fraction",
+)
+"""Settings (dotted keys, fnmatch patterns) that a resumed run may change: how long it trains, how
+often it validates, logs and saves, and what it validates on. Any other change refuses to resume."""
 
 
 def prepare_run_dir(run_dir: str | None, algorithm: str, config: BaseModel) -> Path:
-    """Create the run directory and write the resolved config into it."""
+    """Create the run directory and write the resolved config into it.
+
+    When the run resumes (`checkpoint.resume`), the config is first compared with the checkpoint's:
+    a change outside `RESUMABLE_CHANGES` raises a `ConfigError` (one line, every changed key) before
+    anything is written; allowed changes are printed and applied. So config.yaml is always the config
+    the run uses. A folder that cannot be created or written is a `UserError` naming it.
+    """
     path = Path(run_dir or f"runs/{algorithm}")
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.yaml").write_text(to_yaml(config))
+    checkpoint = _resume_checkpoint(path, config)
+    if checkpoint is not None:
+        changes = resume_changes(checkpoint, config)
+        if changes:
+            print(f"resuming from {checkpoint} with changed settings: {'; '.join(changes)}", flush=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.yaml").write_text(to_yaml(config))
+    except OSError as e:
+        key = "logging.run_dir" if hasattr(config, "logging") else "output_dir"
+        raise UserError(
+            f"cannot write the run directory {path} ({e.strerror or e}); set {key} to a writable folder"
+        ) from e
     return path
+
+
+def _resume_checkpoint(run_dir: Path, config: BaseModel) -> Path | None:
+    """The checkpoint a run with `config` in `run_dir` resumes from, or None (a fresh run, or a
+    config without checkpoints)."""
+    checkpoint = getattr(config, "checkpoint", None)
+    if not isinstance(checkpoint, CheckpointConfig):
+        return None
+    return resolve_resume(checkpoint.resume, Checkpointer(run_dir / "checkpoints"))
+
+
+def flat_items(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {dotted key: leaf value}; lists and None are leaves, an empty mapping too."""
+    if not isinstance(data, dict) or not data:
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(flat_items(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every leaf that differs, sorted by key; a key on one side
+    only counts with the missing value as None."""
+    a, b = flat_items(old), flat_items(new)
+    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+
+
+def resumable(key: str) -> bool:
+    """Whether a resumed run may change this dotted key (`RESUMABLE_CHANGES`)."""
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in RESUMABLE_CHANGES)
+
+
+def resume_changes(checkpoint: Path, config: BaseModel) -> list[str]:
+    """The allowed changes ("key old -> new") of `config` against the config saved in `checkpoint`.
+
+    The saved config is read through the current schema (new fields get their defaults) when it
+    validates, else compared as saved. Raises `ConfigError` naming every change that is not allowed.
+    """
+    saved_path = checkpoint / "config.yaml"
+    if not saved_path.is_file():
+        return []
+    saved = yaml.safe_load(saved_path.read_text()) or {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the config's own warnings were shown when it was loaded
+            saved = type(config).model_validate(saved).model_dump(mode="json")
+    except (ValidationError, UserError):
+        pass
+    changes = config_changes(saved, config.model_dump(mode="json"))
+    shown = [f"{key} {old!r} -> {new!r}" for key, old, new in changes]
+    refused = [text for (key, _, _), text in zip(changes, shown, strict=True) if not resumable(key)]
+    if refused:
+        raise ConfigError(
+            f"cannot resume from {checkpoint} with changed settings: {'; '.join(refused)}. These cannot "
+            "change mid-run: set them back, or start a new run (another logging.run_dir, or "
+            "checkpoint.resume=none). Settings a resumed run may change: " + ", ".join(RESUMABLE_CHANGES)
+        )
+    return shown
 
 
 def seed_everything(seed: int) -> None:
@@ -51,22 +150,91 @@ def load_controller_state(directory: Path) -> dict[str, Any]:
     return json.loads((directory / "trainer_state.json").read_text())
 
 
+class GracefulStop:
+    """What SIGINT (Ctrl-C) and SIGTERM (a scheduler's preemption) do while a trainer's loop runs.
+
+    The first signal only records itself (`requested` becomes true): the loop finishes the step it is
+    in, leaves at the next step boundary, saves that last finished step (unless it is saved already)
+    and then `raise_if_requested` raises KeyboardInterrupt (exit status 130). A second signal raises
+    KeyboardInterrupt at once: a half-written checkpoint is discarded, the latest complete one stays.
+    """
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt(f"second signal ({signal.Signals(signum).name})")
+        self.signal_name = signal.Signals(signum).name
+        # os.write: print() may be in the middle of writing to the same stream (a reentrant call)
+        os.write(
+            2,
+            f"\n{self.signal_name}: stopping after the current step, which is saved first; "
+            "send it again (Ctrl-C) to stop at once\n".encode(),
+        )
+
+    def raise_if_requested(self) -> None:
+        """KeyboardInterrupt when a signal asked the run to stop (call it after the final save)."""
+        if self.requested:
+            raise KeyboardInterrupt(self.signal_name)
+
+
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so that a kill unwinds like Ctrl-C (partial saves are discarded)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
+def graceful_stop() -> Iterator[GracefulStop]:
+    """Install `GracefulStop`'s handler for SIGINT and SIGTERM inside the block (main thread only;
+    elsewhere the signals keep their handlers and `requested` stays false)."""
+    stop = GracefulStop()
+    previous: dict[int, Any] = {}
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, stop.handle)
     except ValueError:  # not the main thread
-        yield
-        return
+        pass
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def truncate_step_log(path: Path, last_step: int | None) -> None:
+    """Keep the JSONL rows of `path` with "step" <= `last_step` (rows without a step too): a resumed
+    run redoes the steps after its checkpoint and must not log them twice. `last_step` None (a fresh
+    start) removes the file; an unreadable row (a write cut by a kill) is dropped."""
+    if not path.is_file():
+        return
+    if last_step is None:
+        path.unlink()
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict) or row.get("step", -1) <= last_step:
+            kept.append(line + "\n")
+    path.write_text("".join(kept))
+
+
+def epochs_notice(
+    section: str, max_steps: int | None, num_epochs: int, batches_per_epoch: int, size: int
+) -> str | None:
+    """The line a run prints at start when `{section}.max_steps` asks for more steps than
+    `num_epochs` epochs of `size` examples (`batches_per_epoch` steps each) hold: it trains those
+    steps only. None when max_steps fits (or is unset)."""
+    available = batches_per_epoch * num_epochs
+    if not max_steps or max_steps <= available:
+        return None
+    return (
+        f"note: {section}.max_steps={max_steps} is more than the {available} steps of "
+        f"{section}.num_epochs={num_epochs} (an epoch: {size} examples, {batches_per_epoch} steps); "
+        f"training {available} steps. Raise {section}.num_epochs to train longer"
+    )
 
 
 def make_checkpointer(root: Path, cfg: CheckpointConfig) -> Checkpointer:

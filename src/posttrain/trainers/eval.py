@@ -153,9 +153,9 @@ def write_outputs(out_dir: Path, summary: dict[str, Any], records: list[SampleRe
 
 
 def run_eval(cfg: EvalConfig) -> EvalResult:
+    source = resolve_model_source(cfg.model, cfg.tokenizer_name)  # a missing model: no output dir
     out_dir = prepare_run_dir(cfg.output_dir, "eval", cfg)
     seed_everything(cfg.sampling.seed)
-    source = resolve_model_source(cfg.model, cfg.tokenizer_name)
     tokenizer = load_tokenizer(source.tokenizer, cfg.chat_template)
     require_chat_template(tokenizer, source.tokenizer, cfg.chat_template, "chat_template")
     if cfg.metric == "loss":

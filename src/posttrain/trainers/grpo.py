@@ -33,7 +33,12 @@ from posttrain.algorithms.advantages import (
 )
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
 from posttrain.algorithms.distillation import on_policy_distill_advantages
-from posttrain.algorithms.metrics import accumulate_metrics, engine_mismatch_metrics, pass_at_k
+from posttrain.algorithms.metrics import (
+    accumulate_metrics,
+    engine_mismatch_metrics,
+    logprob_error_keep,
+    pass_at_k,
+)
 from posttrain.algorithms.policy_loss import POLICY_LOSSES, kl_estimate
 from posttrain.checkpoint import Deadline, resolve_resume
 from posttrain.config.schema import (
@@ -142,7 +147,7 @@ def grpo_loss(
     return loss, metrics
 
 
-TRAINER_ONLY_LOSS_FIELDS = frozenset({"kl_in_reward"})
+TRAINER_ONLY_LOSS_FIELDS = frozenset({"kl_in_reward", "seq_logprob_error_threshold"})
 """LossConfig fields the trainer acts on; they are not arguments of the pure loss functions."""
 
 
@@ -154,7 +159,7 @@ def loss_knobs(loss: LossConfig) -> dict[str, Any]:
     if loss.kl_in_reward:
         knobs["kl_beta"] = 0.0
     if loss.policy_loss == "cispo":  # the config rejects non-defaults for these
-        knobs.pop("dual_clip"), knobs.pop("ratio_level")
+        knobs.pop("dual_clip"), knobs.pop("ratio_level"), knobs.pop("disable_ppo_ratio")
     return knobs
 
 
@@ -634,22 +639,37 @@ class GRPOTrainer:
     def add_logprobs(self, batch: RLBatch) -> None:
         """π_ref's logprobs (KL penalty) and π_old's, unless present. π_old is skipped (the on-policy
         shortcut: the current policy is π_old) only for one update on a batch that is exactly on-policy,
-        every row sampled by the current weights version (`exactly_on_policy`)."""
+        every row sampled by the current weights version (`exactly_on_policy`), and without
+        loss.seq_logprob_error_threshold (which measures the engine against π_old before training)."""
         cfg = self.cfg
         if cfg.loss.kl_beta > 0 and batch.reference_logprobs is None:
             with self.timer("reference_logprobs"):
                 batch.reference_logprobs = self.policy.reference_logprobs(batch)
         on_policy = exactly_on_policy(batch.policy_versions, self.policy_version)
-        if (cfg.grpo.updates_per_batch > 1 or not on_policy) and batch.old_logprobs is None:
+        needs_old = cfg.loss.seq_logprob_error_threshold is not None  # the error is against π_old
+        if (cfg.grpo.updates_per_batch > 1 or not on_policy or needs_old) and batch.old_logprobs is None:
             with self.timer("old_logprobs"):
                 batch.old_logprobs = self.policy.logprobs(batch)
+
+    def drop_logprob_errors(self, batch: RLBatch) -> dict[str, float]:
+        """loss.seq_logprob_error_threshold: take the sequences whose engine logprobs disagree with
+        π_old by more than it out of the loss (their loss_mask rows zeroed; `logprob_error_keep`),
+        after the advantages (their rewards stay in the baselines, as in NeMo RL). No-op when null."""
+        threshold = self.cfg.loss.seq_logprob_error_threshold
+        if threshold is None:
+            return {}
+        keep, metrics = logprob_error_keep(
+            batch.old_logprobs, batch.generation_logprobs, batch.loss_mask, threshold=threshold
+        )
+        batch.loss_mask = batch.loss_mask * keep.to(batch.loss_mask.dtype)[:, None]
+        return metrics
 
     def train_on(self, batch: RLBatch) -> dict[str, float]:
         """`updates_per_batch` optimizer steps over contiguous minibatches of the rollout batch; metrics
         (the gradient norm included) are means over them, the learning rate the last one's."""
         cfg = self.cfg
         self.add_logprobs(batch)
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = self.drop_logprob_errors(batch)
         minibatches = batch.chunks(cfg.grpo.updates_per_batch)
         with self.timer("training"):
             for mb in minibatches:
