@@ -151,6 +151,11 @@ def test_mismatch_and_staleness_hand_worked():
         "fresh_token_fraction": pytest.approx(4 / 7, rel=1e-12),
         "token_mult_prob_error": pytest.approx(1.5, rel=1e-12),
         "gen_kl": pytest.approx(0.125, rel=1e-12),
+        # policy_kl_error: k3 with log r = gen - old, the same two tokens mirrored -> 0.5 / 4
+        "policy_kl_error": pytest.approx(0.125, rel=1e-12),
+        # js: a token with π_gen = 2 π_train has m = 1.5 π_train: ½ f(ln 2/3) + ½ f(ln 4/3) = ½ ln 9/8
+        # (f(u) = e^u - u - 1); two such tokens (either way round) of 4 -> ln(9/8) / 4
+        "js_divergence_error": pytest.approx(math.log(9 / 8) / 4, rel=1e-12),
         "staleness_mult_prob_error": pytest.approx(3.0, rel=1e-12),
         "staleness_kl": pytest.approx(0.75, rel=1e-12),
     }

@@ -113,20 +113,35 @@ def test_loss_knobs_leave_trainer_fields_out():
     assert "kl_in_reward" not in knobs and knobs["kl_beta"] == 0.0
     assert loss_knobs(LossConfig(kl_beta=0.1))["kl_beta"] == 0.1
     cispo = loss_knobs(LossConfig(policy_loss="cispo", clip_low=1.0, clip_high=0.28))
-    assert "dual_clip" not in cispo and "ratio_level" not in cispo
-    assert loss_knobs(GRPOConfig().loss) == {**GRPOConfig().loss.model_dump(exclude={"kl_in_reward"})}
+    assert "dual_clip" not in cispo and "ratio_level" not in cispo and "disable_ppo_ratio" not in cispo
+    trainer_only = {"kl_in_reward", "seq_logprob_error_threshold"}
+    assert loss_knobs(GRPOConfig().loss) == {**GRPOConfig().loss.model_dump(exclude=trainer_only)}
 
 
 @pytest.mark.parametrize("policy_loss", ["clipped_pg", "cispo"])
 def test_grpo_loss_takes_every_knob(policy_loss):
-    cfg = LossConfig(policy_loss=policy_loss, kl_beta=0.1, importance_correction="icepop", importance_min=0.5)
+    cfg = LossConfig(
+        policy_loss=policy_loss,
+        kl_beta=0.1,
+        importance_correction="icepop",
+        importance_min=0.5,
+        on_policy_kl_approximation=True,
+        disable_ppo_ratio=policy_loss == "clipped_pg",
+    )
     batch = _batch([[0, 1, 1]], advantages=torch.tensor([1.0]))
     batch.generation_logprobs = torch.tensor([[0.0, -1.0, -2.0]])
     batch.reference_logprobs = torch.tensor([[0.0, -1.5, -1.0]])
     lp = torch.tensor([[0.0, -1.1, -1.9]], requires_grad=True)
     loss, metrics = grpo_loss(lp, batch, 2.0, token_normalizer=2.0, **loss_knobs(cfg))
     loss.backward()
-    assert {"pg_loss", "kl", "is_oob_ratio", "token_mult_prob_error", "gen_kl"} <= metrics.keys()
+    mismatch = {"token_mult_prob_error", "gen_kl", "policy_kl_error", "js_divergence_error"}
+    assert {
+        "pg_loss",
+        "kl",
+        "is_oob_ratio",
+        "probs_ratio_min",
+        "probs_ratio_max",
+    } | mismatch <= metrics.keys()
 
 
 def test_engine_mismatch_metrics_use_pi_old_not_the_drifted_policy():

@@ -50,6 +50,73 @@ def generation_kl(
     return masked_mean(torch.exp(log_r) - log_r - 1, mask)
 
 
+def _k3(log_r: torch.Tensor) -> torch.Tensor:
+    return torch.exp(log_r) - log_r - 1
+
+
+def engine_mismatch_metrics(
+    train_logprobs: torch.Tensor, gen_logprobs: torch.Tensor, mask: torch.Tensor, *, normalizer: float
+) -> dict[str, float]:
+    """Per-token disagreement of trainer and engine on the sampled tokens, as shares of global token
+    means: sum over this microbatch's valid tokens / ``normalizer`` (the global valid-token count).
+
+    With d_t = log π_train(x_t) - log π_gen(x_t) and f(u) = exp(u) - u - 1 (Schulman's k3):
+
+        token_mult_prob_error  exp(|d|)                      (``token_mult_prob_error``)
+        gen_kl                 f(d)    KL(π_gen || π_train)   (``generation_kl``; unbiased, x ~ π_gen)
+        policy_kl_error        f(-d)   NeMo RL's KL(π_train || π_gen) estimate; the tokens are drawn
+                                       from π_gen, not π_train, so it is not unbiased for that KL
+        js_divergence_error    ½ f(log π_train - log m) + ½ f(log π_gen - log m),
+                               m = ½ π_train(x_t) + ½ π_gen(x_t)   (NeMo RL's Jensen-Shannon term)
+
+    All four are 1, 0, 0, 0 where the two agree exactly. Shapes: [B, T] x3 -> dict of floats.
+    """
+    valid = mask.to(torch.bool)
+    d = _diff(train_logprobs, gen_logprobs, mask)
+    zero = torch.zeros_like(d)
+    train = torch.where(valid, train_logprobs.to(d.dtype), zero)
+    log_m = torch.logaddexp(train, train - d) - torch.log(torch.tensor(2.0, dtype=d.dtype))
+    per_token = {
+        "token_mult_prob_error": torch.exp(d.abs()),
+        "gen_kl": _k3(d),
+        "policy_kl_error": _k3(-d),
+        "js_divergence_error": 0.5 * _k3(train - log_m) + 0.5 * _k3(train - d - log_m),
+    }
+    return {k: float(torch.where(valid, v, zero).sum() / normalizer) for k, v in per_token.items()}
+
+
+def sequence_mult_prob_error(
+    train_logprobs: torch.Tensor, gen_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Per sequence, ``token_mult_prob_error`` over its own valid tokens (NeMo RL's seq error):
+
+        e_b = (1/|valid_b|) sum_{valid t} exp(|log π_train(x_bt) - log π_gen(x_bt)|)
+
+    A sequence with no valid token gets 0. Shapes: [B, T] x3 -> [B] (float64).
+    """
+    d = _diff(train_logprobs.double(), gen_logprobs.double(), mask)
+    return masked_mean(torch.exp(d.abs()), mask, dim=-1)
+
+
+def logprob_error_keep(
+    train_logprobs: torch.Tensor, gen_logprobs: torch.Tensor, mask: torch.Tensor, *, threshold: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Which sequences stay in the loss under NeMo RL's ``seq_logprob_error_threshold``.
+
+    keep_b = e_b <= threshold (``sequence_mult_prob_error``; a sequence exactly at the threshold
+    stays; one with no valid token stays: it trains on nothing anyway). Returns (keep [B] bool,
+    metrics): logprob_error/dropped_sequences (how many valid sequences were dropped) and
+    logprob_error/seq_mult_prob_error_max (the largest e_b over sequences with a valid token).
+    """
+    errors = sequence_mult_prob_error(train_logprobs, gen_logprobs, mask)
+    has_tokens = mask.to(torch.bool).any(-1)
+    keep = (errors <= threshold) | ~has_tokens
+    return keep, {
+        "logprob_error/dropped_sequences": float((~keep).sum()),
+        "logprob_error/seq_mult_prob_error_max": float(errors[has_tokens].max()) if has_tokens.any() else 0.0,
+    }
+
+
 def mismatch_and_staleness(
     old_logprobs: torch.Tensor,
     gen_logprobs: torch.Tensor,
@@ -62,7 +129,8 @@ def mismatch_and_staleness(
     π_old (``old_logprobs``) is the trainer's policy at ``version``; row b was sampled by the engine
     with the weights of version ``versions[b]`` (-1: unknown), giving ``gen_logprobs``. Rows with
     versions[b] == version ("fresh") compare the engine with the trainer at the SAME weights: their
-    ``token_mult_prob_error`` and ``gen_kl`` (as defined above) are the engine mismatch alone. Every
+    ``engine_mismatch_metrics`` (token_mult_prob_error, gen_kl, policy_kl_error,
+    js_divergence_error) are the engine mismatch alone. Every
     other row ("stale") compares the behaviour policy with a newer one: ``staleness_mult_prob_error``
     and ``staleness_kl`` (k3 estimate of KL(π_behav || π_old)) measure the policy's drift since,
     plus the engine mismatch (the trainer's logprobs at the behaviour version are not kept).
@@ -74,12 +142,27 @@ def mismatch_and_staleness(
     fresh, stale = valid & fresh_rows, valid & ~fresh_rows
     out = {"fresh_token_fraction": float(fresh.sum()) / max(float(valid.sum()), 1.0)}
     if fresh.any():
-        out["token_mult_prob_error"] = float(token_mult_prob_error(old_logprobs, gen_logprobs, fresh))
-        out["gen_kl"] = float(generation_kl(old_logprobs, gen_logprobs, fresh))
+        out.update(engine_mismatch_metrics(old_logprobs, gen_logprobs, fresh, normalizer=float(fresh.sum())))
     if stale.any():
         out["staleness_mult_prob_error"] = float(token_mult_prob_error(old_logprobs, gen_logprobs, stale))
         out["staleness_kl"] = float(generation_kl(old_logprobs, gen_logprobs, stale))
     return out
+
+
+def accumulate_metrics(total: dict[str, float], new: dict[str, float], scale: float = 1.0) -> None:
+    """Merge one microbatch's (or rank's, or update's) metrics into ``total``, in place.
+
+    A key ending in ``_min`` keeps the smaller value, one ending in ``_max`` the larger (an extreme
+    over the union of the parts); every other key is a share of a global mean and adds
+    ``scale * value`` (scale = 1 / number of parts averages per-part means).
+    """
+    for key, value in new.items():
+        if key.endswith("_min"):
+            total[key] = min(total.get(key, value), value)
+        elif key.endswith("_max"):
+            total[key] = max(total.get(key, value), value)
+        else:
+            total[key] = total.get(key, 0.0) + scale * value
 
 
 def approx_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -139,6 +139,7 @@ def kl_penalty(
     gradient: KLGradient = "exact",
     input_clamp: float | None = 20.0,
     output_clamp: float | None = 10.0,
+    sampling_logprobs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token KL loss term: the value of ``kl_estimate``, the gradient of KL(π || π_ref).
 
@@ -162,12 +163,53 @@ def kl_penalty(
     applied only to tokens inside the bounds (applied to a clamped token it would leave the
     gradient c ∇log π, c the clamp's constant: for k3 at log r > 2.6, where π_ref ≫ π, that pushes
     log π down, away from π_ref). Shapes: [B, T] x2 -> [B, T].
+
+    On-policy KL approximation (``sampling_logprobs`` = log π_gen of the engine that drew the
+    tokens; NeMo RL's ``use_on_policy_kl_approximation``): the tokens come from π_gen, not π, so
+    every term is importance-weighted by w = exp(log π - log π_gen), held fixed (no gradient):
+
+        value = clamp(w k, ±output_clamp)       (the clamp after the weight, as NeMo RL does)
+        E_{π_gen}[w ∇(k · s)] = E_π[∇(k · s)] = ∇KL(π || π_ref)    (s: the score factor above)
+
+    For k1 and k3 with gradient="exact" the gradient equals NeMo RL's ∇(w k) with w not held fixed
+    (w ∇k + k w ∇log π is exactly w ∇(k s)); for k2 NeMo RL's adds the biased k2 w ∇log π, which
+    is left out here. A NaN/inf weight is 0 (NeMo RL's nan_to_num).
     """
     _check_choice("kl gradient", gradient, KL_GRADIENTS)
+    if sampling_logprobs is not None:
+        return _on_policy_kl_penalty(
+            logprobs, ref_logprobs, sampling_logprobs, estimator, gradient, input_clamp, output_clamp
+        )
     kl, inside = _clamped_estimate(logprobs, ref_logprobs, estimator, input_clamp, output_clamp)
     if gradient == "exact" and estimator in ("k1", "k3"):
         score = torch.exp(logprobs - logprobs.detach())
         kl = kl * torch.where(inside, score, torch.ones_like(score))
+    return kl
+
+
+def _on_policy_kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    estimator: str,
+    gradient: str,
+    input_clamp: float | None,
+    output_clamp: float | None,
+) -> torch.Tensor:
+    """``kl_penalty`` for tokens drawn from π_gen: w k with w = sg(exp(log π - log π_gen)) (NaN/inf
+    weights: 0), the output clamp applied to w k (NeMo RL's order), the score factor as in
+    ``kl_penalty``; a token either clamp cut has no gradient. Shapes: [B, T] x3 -> [B, T]."""
+    kl, inside = _clamped_estimate(logprobs, ref_logprobs, estimator, input_clamp, None)
+    log_w = logprobs.detach() - sampling_logprobs.detach().to(logprobs.dtype)
+    weight = torch.nan_to_num(torch.exp(log_w), nan=0.0, posinf=0.0, neginf=0.0)
+    kl = weight * kl
+    if output_clamp is not None:
+        inside = inside & (kl.detach().abs() <= output_clamp)
+    if gradient == "exact" and estimator in ("k1", "k3"):
+        score = torch.exp(logprobs - logprobs.detach())
+        kl = kl * torch.where(inside, score, torch.ones_like(score))
+    if output_clamp is not None:
+        kl = kl.clamp(min=-output_clamp, max=output_clamp)
     return kl
 
 
@@ -324,9 +366,11 @@ def _finish(
     importance_correction: str | None,
     importance_cap: float,
     importance_min: float | None,
+    on_policy_kl_approximation: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float], Callable[[torch.Tensor], float]]:
     """Shared tail of the policy losses: importance weights on the policy-gradient term,
-    aggregation, the KL term. Returns (loss, metrics, agg_metric)."""
+    aggregation, the KL term (weighted by π / π_gen with ``on_policy_kl_approximation``).
+    Returns (loss, metrics, agg_metric)."""
     zero = torch.zeros_like(logprobs_z)
 
     def agg(x: torch.Tensor) -> torch.Tensor:
@@ -352,15 +396,37 @@ def _finish(
     metrics["pg_loss"] = pg_loss.item()
     if reference_logprobs is not None:
         ref_z = torch.where(valid, reference_logprobs.detach().to(logprobs_z.dtype), zero)
+        sampling = None
+        if on_policy_kl_approximation:
+            sampling = torch.where(valid, generation_logprobs.detach().to(logprobs_z.dtype), zero)
         per_token_kl = kl_penalty(
             logprobs_z, ref_z, kl_estimator, gradient=kl_gradient,
-            input_clamp=kl_input_clamp, output_clamp=kl_output_clamp,
+            input_clamp=kl_input_clamp, output_clamp=kl_output_clamp, sampling_logprobs=sampling,
         )  # fmt: skip
         kl = agg(per_token_kl)
         if kl_beta > 0:
             loss = loss + kl_beta * kl
         metrics["kl"] = kl.item()
     return loss, metrics, agg_metric
+
+
+def ratio_extremes(ratio: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    """probs_ratio_min / probs_ratio_max: the smallest and largest π / π_old over the valid tokens
+    (NeMo RL's names); empty when no token is valid. Merged over microbatches and ranks by min / max
+    (``posttrain.algorithms.metrics.accumulate_metrics``), never summed."""
+    values = ratio.detach()[valid]
+    if values.numel() == 0:
+        return {}
+    return {"probs_ratio_min": float(values.min()), "probs_ratio_max": float(values.max())}
+
+
+def _check_knob_combinations(
+    generation_logprobs: torch.Tensor | None, on_policy_kl_approximation: bool
+) -> None:
+    if on_policy_kl_approximation and generation_logprobs is None:
+        raise ValueError(
+            "on_policy_kl_approximation weights the KL by π / π_gen: it needs generation_logprobs"
+        )
 
 
 def clipped_pg_loss(
@@ -376,6 +442,7 @@ def clipped_pg_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     ratio_level: RatioLevel = "token",
+    disable_ppo_ratio: bool = False,
     aggregation: Aggregation = "token",
     kl_beta: float = 0.0,
     kl_estimator: KLEstimator = "k3",
@@ -385,6 +452,7 @@ def clipped_pg_loss(
     importance_correction: ImportanceCorrection | None = None,
     importance_cap: float = 2.0,
     importance_min: float | None = None,
+    on_policy_kl_approximation: bool = False,
     token_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate policy-gradient loss (PPO, Schulman et al. 2017, arXiv:1707.06347; GRPO,
@@ -401,13 +469,20 @@ def clipped_pg_loss(
                   (clip_high > clip_low is DAPO's clip-higher, arXiv:2503.14476, e.g. 0.28 / 0.2)
         dual    if dual_clip = c and A < 0:  l_bt = min(l_bt, -c A)
                   (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729; c > 1)
+        plain   disable_ppo_ratio:  l_bt = -A log π_bt   (REINFORCE / RLOO's surrogate, NeMo RL's
+                  disable_ppo_ratio; no ratio, no clip, no dual clip, token ratio_level only).
+                  Its gradient is that of the ratio form with π_old = sg(π) (∇r = ∇log π there),
+                  but its value is -A log π, not -A, and with several updates per batch it takes
+                  no account of π_old (clip_fraction is then 0).
         IS      l_bt *= w_bt, the engine-mismatch weight sg(π_old / π_gen) of
                   ``importance_weights`` (importance_correction: plain, truncated, icepop,
                   seq_mask; bounds [importance_min, importance_cap]). Applied to the
                   policy-gradient term only, not the KL term.
         KL      l_bt += kl_beta * kl_penalty(log π_bt, log π_ref_bt, kl_estimator, kl_gradient)
                   (value: the estimate of KL(π || π_ref); gradient="exact": expected gradient
-                  ∇KL(π || π_ref) for every estimator; see ``kl_penalty``)
+                  ∇KL(π || π_ref) for every estimator; see ``kl_penalty``). With
+                  on_policy_kl_approximation the term is weighted by sg(π / π_gen), the tokens
+                  having been drawn by the engine (NeMo RL's use_on_policy_kl_approximation)
 
         loss    = aggregate(l, mask, aggregation, normalizer)      (see ``aggregate``)
 
@@ -437,9 +512,13 @@ def clipped_pg_loss(
             clipped branch is strictly the larger: the gradient is cut), ratio_mean, and
             dual_clip_fraction (if dual_clip), importance_weight_mean (if importance_correction),
             is_oob_ratio (bounded importance corrections: the share of valid tokens whose
-            ratio, or sequence's ratio for seq_mask, lies outside the bounds).
+            ratio, or sequence's ratio for seq_mask, lies outside the bounds), and
+            probs_ratio_min / probs_ratio_max (``ratio_extremes``; not shares: min / max).
     """
     _check_choice("ratio_level", ratio_level, ("token", "sequence"))
+    _check_knob_combinations(generation_logprobs, on_policy_kl_approximation)
+    if disable_ppo_ratio and (dual_clip is not None or ratio_level != "token"):
+        raise ValueError("disable_ppo_ratio (-A log π) takes no dual_clip and only ratio_level='token'")
     _check_common(
         logprobs, old_logprobs, mask, normalizer=normalizer, aggregation=aggregation,
         generation_logprobs=generation_logprobs, reference_logprobs=reference_logprobs,
@@ -462,10 +541,14 @@ def clipped_pg_loss(
         seq_ratio = torch.exp(sequence_log_ratio(logprobs_z, old_z, valid)).unsqueeze(-1)
         ratio = seq_ratio.detach() * torch.exp(logprobs_z - logprobs_z.detach())
 
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)
-    clip_active = (clipped > unclipped).to(logprobs.dtype)
+    if disable_ppo_ratio:
+        per_token = -adv * logprobs_z
+        clip_active = torch.zeros_like(logprobs_z)
+    else:
+        unclipped = -adv * ratio
+        clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        per_token = torch.maximum(unclipped, clipped)
+        clip_active = (clipped > unclipped).to(logprobs.dtype)
     if dual_clip is not None:
         cap = -adv * dual_clip
         dual_active = ((adv < 0) & (per_token > cap)).to(logprobs.dtype)
@@ -477,10 +560,11 @@ def clipped_pg_loss(
         reference_logprobs=reference_logprobs, kl_beta=kl_beta, kl_estimator=kl_estimator,
         kl_gradient=kl_gradient, kl_input_clamp=kl_input_clamp, kl_output_clamp=kl_output_clamp,
         importance_correction=importance_correction, importance_cap=importance_cap,
-        importance_min=importance_min,
+        importance_min=importance_min, on_policy_kl_approximation=on_policy_kl_approximation,
     )  # fmt: skip
     metrics["clip_fraction"] = agg_metric(clip_active)
     metrics["ratio_mean"] = agg_metric(ratio.detach())
+    metrics.update(ratio_extremes(ratio, valid))
     if dual_clip is not None:
         metrics["dual_clip_fraction"] = agg_metric(dual_active)
     return loss, metrics
@@ -506,6 +590,7 @@ def cispo_loss(
     importance_correction: ImportanceCorrection | None = None,
     importance_cap: float = 2.0,
     importance_min: float | None = None,
+    on_policy_kl_approximation: bool = False,
     token_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO: clipped IS-weight policy optimisation (MiniMax-M1, arXiv:2506.13585).
@@ -525,8 +610,10 @@ def cispo_loss(
 
     Metrics: pg_loss, kl (if reference given), clip_fraction (share of valid tokens whose
     weight was clipped; their gradient is bounded, not cut), ratio_mean, and the importance
-    metrics of ``clipped_pg_loss``.
+    metrics of ``clipped_pg_loss``, probs_ratio_min / probs_ratio_max (``ratio_extremes``);
+    ``on_policy_kl_approximation`` as in ``clipped_pg_loss``.
     """
+    _check_knob_combinations(generation_logprobs, on_policy_kl_approximation)
     _check_common(
         logprobs, old_logprobs, mask, normalizer=normalizer, aggregation=aggregation,
         generation_logprobs=generation_logprobs, reference_logprobs=reference_logprobs,
@@ -551,10 +638,11 @@ def cispo_loss(
         reference_logprobs=reference_logprobs, kl_beta=kl_beta, kl_estimator=kl_estimator,
         kl_gradient=kl_gradient, kl_input_clamp=kl_input_clamp, kl_output_clamp=kl_output_clamp,
         importance_correction=importance_correction, importance_cap=importance_cap,
-        importance_min=importance_min,
+        importance_min=importance_min, on_policy_kl_approximation=on_policy_kl_approximation,
     )  # fmt: skip
     metrics["clip_fraction"] = agg_metric(clipped)
     metrics["ratio_mean"] = agg_metric(ratio)
+    metrics.update(ratio_extremes(ratio, valid))
     return loss, metrics
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from posttrain.algorithms.metrics import accumulate_metrics
 from posttrain.config.schema import ClusterConfig, PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.workers import make_workers
@@ -64,8 +65,7 @@ class PolicyGroup:
         merged = TrainResult(grad_norm=results[0].grad_norm, lr=results[0].lr)
         for r in results:
             merged.num_tokens += r.num_tokens
-            for key, value in r.loss_metrics.items():
-                merged.loss_metrics[key] = merged.loss_metrics.get(key, 0.0) + value
+            accumulate_metrics(merged.loss_metrics, r.loss_metrics)
         return merged
 
     def logprobs(self, batch: TokenBatch, target_mask: str = "loss_mask") -> torch.Tensor:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from posttrain.algorithms.metrics import accumulate_metrics
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.generation.refit import weights_checksum
@@ -219,8 +220,7 @@ class Policy:
                 inputs = self.loss_inputs(micro)
             loss, micro_metrics = loss_fn(inputs, micro, normalizer)
             (loss * self.loss_scale).backward()
-            for key, value in micro_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + value
+            accumulate_metrics(metrics, micro_metrics)  # shares add up; *_min / *_max by min / max
         if self.world_size > 1 and not self.cfg.fsdp:
             self._all_reduce_gradients()
         max_norm = self.cfg.optimizer.max_grad_norm or float("inf")

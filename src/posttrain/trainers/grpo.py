@@ -676,7 +676,9 @@ class GRPOTrainer:
                 normalizer, tokens = self.normalizers(mb)
                 loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
                 out = self.policy.train(mb, loss_fn, normalizer)
-                accumulate_metrics(metrics, {**out.loss_metrics, "grad_norm": out.grad_norm}, 1 / len(minibatches))
+                accumulate_metrics(
+                    metrics, {**out.loss_metrics, "grad_norm": out.grad_norm}, 1 / len(minibatches)
+                )
                 metrics["lr"] = out.lr
         if self.async_rollouts is not None:
             metrics.update(

@@ -52,7 +52,7 @@ def behaviour_ratio_metrics(batch: RLBatch, low: float, high: float) -> dict[str
     return {f"async/is_weight_{k}": v for k, v in stats.items()}
 
 
-ENGINE_MISMATCH_METRICS = ("token_mult_prob_error", "gen_kl")
+ENGINE_MISMATCH_METRICS = ("token_mult_prob_error", "gen_kl", "policy_kl_error", "js_divergence_error")
 """The loss's generation-vs-π_old diagnostics: the engine mismatch only when every row is fresh."""
 
 

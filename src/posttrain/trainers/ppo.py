@@ -31,6 +31,7 @@ import torch
 from posttrain.algorithms.advantages import clip_advantages
 from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards, whiten
+from posttrain.algorithms.metrics import accumulate_metrics
 from posttrain.algorithms.policy_loss import kl_estimate
 from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 from posttrain.config.schema import PPOConfig
@@ -85,8 +86,8 @@ def value_targets(batch: PPOBatch) -> PPOBatch:
 def add_mean(metrics: dict[str, float], out: Any, updates: int, prefix: str = "") -> None:
     """Add one update's loss metrics and gradient norm to `metrics` as a share of the mean over
     `updates` updates; the learning rate is the latest update's."""
-    for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
-        metrics[prefix + k] = metrics.get(prefix + k, 0.0) + v / updates
+    new = {prefix + k: v for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items()}
+    accumulate_metrics(metrics, new, 1 / updates)  # *_min / *_max: extremes over the updates
     metrics[prefix + "lr"] = out.lr
 
 
@@ -239,7 +240,8 @@ class PPOTrainer(GRPOTrainer):
         if self.cfg.loss.kl_beta > 0 and batch.reference_logprobs is None:
             with self.timer("reference_logprobs"):
                 batch.reference_logprobs = self.policy.reference_logprobs(batch)
-        if p.ppo_epochs * p.updates_per_batch > 1 and batch.old_logprobs is None:
+        needs_old = self.cfg.loss.seq_logprob_error_threshold is not None
+        if (p.ppo_epochs * p.updates_per_batch > 1 or needs_old) and batch.old_logprobs is None:
             with self.timer("old_logprobs"):
                 batch.old_logprobs = self.policy.logprobs(batch)
 
@@ -313,6 +315,7 @@ class PPOTrainer(GRPOTrainer):
         metrics: dict[str, float] = {"critic/warmup": float(not train_policy)}
         if train_policy:
             self.add_logprobs(batch)  # π_old before any update
+            metrics.update(self.drop_logprob_errors(batch))  # out of the policy's and critic's losses
         with self.timer("training"):
             metrics.update(self.train_critic(batch))
             if train_policy:

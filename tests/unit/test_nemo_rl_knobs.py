@@ -1,0 +1,241 @@
+"""NeMo RL's loss, advantage and reward knobs (issue #35): hand-worked values in float64, NeMo RL's
+boundary cases, and defaults that reproduce posttrain's numbers from before the knobs existed."""
+
+import math
+
+import pytest
+import torch
+
+from posttrain.algorithms.metrics import (
+    accumulate_metrics,
+    engine_mismatch_metrics,
+    logprob_error_keep,
+    sequence_mult_prob_error,
+)
+from posttrain.algorithms.policy_loss import clipped_pg_loss, kl_penalty
+from posttrain.config.schema import LossConfig
+
+LN2 = math.log(2)
+
+
+def _lp(values) -> torch.Tensor:
+    return torch.tensor([values], dtype=torch.float64, requires_grad=True)
+
+
+def _t(values) -> torch.Tensor:
+    return torch.tensor([values], dtype=torch.float64)
+
+
+# --- item 1: disable_ppo_ratio ------------------------------------------------------------------
+
+
+def _reinforce_case(**knobs):
+    # log π = [-1, -2, -0.5], log π_old = [-1.2, -1.5, -0.5]: ratios e^0.2 = 1.221 (clipped at 1.2
+    # for A > 0), e^-0.5, 1. A = 2, token aggregation over 3 tokens.
+    lp = _lp([-1.0, -2.0, -0.5])
+    old = _t([-1.2, -1.5, -0.5])
+    loss, metrics = clipped_pg_loss(
+        lp, old, torch.tensor([2.0], dtype=torch.float64), torch.ones_like(old), normalizer=3, **knobs
+    )
+    loss.backward()
+    return loss.item(), metrics, lp.grad[0].tolist()
+
+
+def test_disable_ppo_ratio_is_minus_a_log_pi():
+    # l = -A log π = -2 * [-1, -2, -0.5] = [2, 4, 1] -> loss 7/3; ∇ = -A / 3 per token, no clip
+    loss, metrics, grad = _reinforce_case(disable_ppo_ratio=True)
+    assert loss == pytest.approx(7 / 3, rel=1e-15)
+    assert metrics["pg_loss"] == pytest.approx(7 / 3, rel=1e-15)
+    assert grad == pytest.approx([-2 / 3] * 3, rel=1e-15)
+    assert metrics["clip_fraction"] == 0.0
+
+
+def test_disable_ppo_ratio_default_is_todays_clipped_ratio():
+    # default: max(-A r, -A clip(r)) = [-2 * 1.2, -2 e^-0.5, -2] (token 1 clipped: no gradient)
+    loss, metrics, grad = _reinforce_case()
+    assert loss == pytest.approx((-2.4 - 2 * math.exp(-0.5) - 2) / 3, rel=1e-15)
+    assert metrics["clip_fraction"] == pytest.approx(1 / 3, rel=1e-15)
+    assert grad == pytest.approx([0.0, -2 * math.exp(-0.5) / 3, -2 / 3], rel=1e-15)
+
+
+def test_disable_ppo_ratio_same_gradient_as_the_on_policy_ratio():
+    # with π_old = sg(π) the ratio form has value -A but the same gradient -A ∇log π
+    lp = _lp([-1.0, -2.0, -0.5])
+    adv, mask = torch.tensor([2.0], dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64)
+    loss, _ = clipped_pg_loss(lp, lp.detach(), adv, mask, normalizer=3)
+    loss.backward()
+    assert loss.item() == pytest.approx(-2.0, rel=1e-15)
+    _, _, grad = _reinforce_case(disable_ppo_ratio=True)
+    assert lp.grad[0].tolist() == pytest.approx(grad, rel=1e-15)
+
+
+def test_disable_ppo_ratio_refuses_ratio_knobs():
+    lp, old, adv, mask = _lp([-1.0]), _t([-1.0]), torch.tensor([1.0]), torch.ones(1, 1)
+    with pytest.raises(ValueError, match="disable_ppo_ratio"):
+        clipped_pg_loss(lp, old, adv, mask, normalizer=1, disable_ppo_ratio=True, dual_clip=3.0)
+    with pytest.raises(ValueError, match="disable_ppo_ratio"):
+        LossConfig(disable_ppo_ratio=True, policy_loss="cispo")
+    with pytest.raises(ValueError, match="disable_ppo_ratio"):
+        LossConfig(disable_ppo_ratio=True, ratio_level="sequence", aggregation="sequence")
+
+
+# --- item 2: use_on_policy_kl_approximation -----------------------------------------------------
+
+# log π = ln ½ on every token; log π_ref = [ln ½, ln ¼, ln 1]: log r = [0, -ln 2, ln 2]
+#   k3 = e^{log r} - log r - 1 = [0, ln 2 - ½, 1 - ln 2]
+# log π_gen = [ln ½, ln ¼, ln 1]: w = π / π_gen = [1, 2, ½]
+#   w k3 = [0, 2 ln 2 - 1, ½ - ½ ln 2], sum = 1.5 ln 2 - ½
+# gradient (exact) per token: w ((1 - r) + k3) ∇log π = [0, 2 (½ + ln 2 - ½), ½ (-1 + 1 - ln 2)]
+#   = [0, 2 ln 2, -½ ln 2]
+POLICY = [math.log(0.5)] * 3
+REF = [math.log(0.5), math.log(0.25), 0.0]
+GEN = [math.log(0.5), math.log(0.25), 0.0]
+
+
+def _kl_case(**knobs):
+    lp = _lp(POLICY)
+    loss, metrics = clipped_pg_loss(
+        lp, lp.detach(), torch.zeros(1, dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64),
+        normalizer=3, reference_logprobs=_t(REF), generation_logprobs=_t(GEN), kl_beta=1.0, **knobs,
+    )  # fmt: skip
+    loss.backward()
+    return loss.item(), metrics, lp.grad[0].tolist()
+
+
+def test_on_policy_kl_approximation_weights_by_pi_over_pi_gen():
+    loss, metrics, grad = _kl_case(on_policy_kl_approximation=True)
+    assert loss == pytest.approx((1.5 * LN2 - 0.5) / 3, rel=1e-14)
+    assert metrics["kl"] == pytest.approx((1.5 * LN2 - 0.5) / 3, rel=1e-14)
+    assert grad == pytest.approx([0.0, 2 * LN2 / 3, -0.5 * LN2 / 3], abs=1e-15)
+
+
+def test_on_policy_kl_approximation_default_is_todays_kl():
+    # unweighted: k3 sum = ln 2 - ½ + 1 - ln 2 = ½; gradient (1 - r) + k3 = [0, ln 2, -ln 2] / 3
+    loss, metrics, grad = _kl_case()
+    assert loss == pytest.approx(0.5 / 3, rel=1e-14)
+    assert grad == pytest.approx([0.0, LN2 / 3, -LN2 / 3], abs=1e-15)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_on_policy_kl_gradient_is_nemo_rls(estimator):
+    # NeMo RL: ∇(w k) with w = exp(log π - log π_gen) not held fixed; here sg(w) ∇(k s): the same
+    lp = _lp(POLICY)
+    ours = kl_penalty(lp, _t(REF), estimator, sampling_logprobs=_t(GEN), input_clamp=None, output_clamp=None)
+    ours.sum().backward()
+    ref_lp = _lp(POLICY)
+    log_r = _t(REF) - ref_lp
+    k = -log_r if estimator == "k1" else torch.exp(log_r) - log_r - 1
+    nemo = torch.exp(ref_lp - _t(GEN)) * k
+    nemo.sum().backward()
+    assert ours[0].tolist() == pytest.approx(nemo[0].tolist(), rel=1e-14)
+    assert lp.grad[0].tolist() == pytest.approx(ref_lp.grad[0].tolist(), rel=1e-14)
+
+
+def test_on_policy_kl_output_clamp_after_the_weight_and_bad_weights():
+    # output clamp 0.3: token 2's w k3 = 2 ln 2 - 1 = 0.386 is cut to 0.3 (no gradient); token 3's
+    # 0.153 stays. A generator logprob of -inf makes w infinite: NeMo RL's nan_to_num sets it to 0.
+    lp = _lp(POLICY)
+    kl = kl_penalty(lp, _t(REF), "k3", sampling_logprobs=_t(GEN), output_clamp=0.3)
+    kl.sum().backward()
+    assert kl[0].tolist() == pytest.approx([0.0, 0.3, 0.5 - 0.5 * LN2], abs=1e-15)
+    assert lp.grad[0].tolist() == pytest.approx([0.0, 0.0, -0.5 * LN2], abs=1e-15)
+    lp = _lp(POLICY)
+    kl = kl_penalty(lp, _t(REF), "k3", sampling_logprobs=_t([math.log(0.5), -math.inf, 0.0]))
+    assert kl[0].tolist() == pytest.approx([0.0, 0.0, 0.5 - 0.5 * LN2], abs=1e-15)
+
+
+def test_on_policy_kl_approximation_needs_generation_logprobs():
+    lp = _lp([-1.0])
+    with pytest.raises(ValueError, match="generation_logprobs"):
+        clipped_pg_loss(
+            lp, lp.detach(), torch.ones(1), torch.ones(1, 1), normalizer=1, kl_beta=0.1,
+            reference_logprobs=_t([-1.0]), on_policy_kl_approximation=True,
+        )  # fmt: skip
+
+
+# --- item 5: mismatch metrics -------------------------------------------------------------------
+
+
+def test_engine_mismatch_metrics_hand_worked():
+    # d = log π_train - log π_gen = [0, ln 2, -ln 2] (a 4th token masked, NaN there)
+    #   token_mult_prob_error = (1 + 2 + 2) / 3; gen_kl = Σ k3(d) / 3 = (0 + 1 - ln 2 + ln 2 - ½) / 3
+    #   policy_kl_error = Σ k3(-d) / 3 = the same ½ / 3 (d is symmetric here)
+    #   js: a token with one probability twice the other: ½ ln 9/8 (see test_async_parts) -> ln(9/8) / 3
+    train = _t([-1.0, -1.0 + LN2, -1.0, math.nan])
+    gen = _t([-1.0, -1.0, -1.0 + LN2, math.nan])
+    mask = _t([1.0, 1.0, 1.0, 0.0])
+    out = engine_mismatch_metrics(train, gen, mask, normalizer=3.0)
+    assert out == {
+        "token_mult_prob_error": pytest.approx(5 / 3, rel=1e-15),
+        "gen_kl": pytest.approx(0.5 / 3, rel=1e-14),
+        "policy_kl_error": pytest.approx(0.5 / 3, rel=1e-14),
+        "js_divergence_error": pytest.approx(math.log(9 / 8) / 3, rel=1e-13),
+    }
+    # the two agree: 1, 0, 0, 0
+    same = engine_mismatch_metrics(gen, gen, mask, normalizer=3.0)
+    assert same == {
+        "token_mult_prob_error": 1.0,
+        "gen_kl": 0.0,
+        "policy_kl_error": 0.0,
+        "js_divergence_error": 0.0,
+    }
+
+
+def test_probs_ratio_min_max_over_valid_tokens_and_merged_by_min_max():
+    # ratios [0.5, 1.1, 1.5] and a masked token with ratio e^5 (left out)
+    lp = _lp([math.log(0.5), math.log(1.1), math.log(1.5), 5.0])
+    _, metrics = clipped_pg_loss(
+        lp, torch.zeros_like(lp), torch.ones(1, dtype=torch.float64), _t([1.0, 1.0, 1.0, 0.0]), normalizer=3
+    )
+    assert metrics["probs_ratio_min"] == pytest.approx(0.5, rel=1e-15)
+    assert metrics["probs_ratio_max"] == pytest.approx(1.5, rel=1e-15)
+    total: dict[str, float] = {}
+    accumulate_metrics(total, {"probs_ratio_min": 0.5, "probs_ratio_max": 1.5, "pg_loss": 1.0}, 0.5)
+    accumulate_metrics(total, {"probs_ratio_min": 0.7, "probs_ratio_max": 2.5, "pg_loss": 3.0}, 0.5)
+    assert total == {"probs_ratio_min": 0.5, "probs_ratio_max": 2.5, "pg_loss": 2.0}
+
+
+# --- item 4: seq_logprob_error_threshold --------------------------------------------------------
+
+
+def test_seq_logprob_error_threshold_drops_sequences_above_it():
+    # row 0: |d| = [0, ln 2] -> e = (1 + 2) / 2 = 1.5 (exactly at the threshold: kept)
+    # row 1: |d| = [ln 4]     -> e = 4 (dropped)
+    # row 2: no valid token   -> e = 0 (kept: trains on nothing anyway)
+    train = torch.tensor([[-1.0, -1.0], [-1.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    gen = torch.tensor([[-1.0, -1.0 - LN2], [-1.0 + math.log(4), 0.0], [-9.0, -9.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    assert sequence_mult_prob_error(train, gen, mask).tolist() == pytest.approx([1.5, 4.0, 0.0], rel=1e-15)
+    keep, metrics = logprob_error_keep(train, gen, mask, threshold=1.5)
+    assert keep.tolist() == [True, False, True]
+    assert metrics == {"logprob_error/dropped_sequences": 1.0, "logprob_error/seq_mult_prob_error_max": 4.0}
+    keep, metrics = logprob_error_keep(train, gen, mask, threshold=1.0)  # 1 = exact agreement only
+    assert keep.tolist() == [False, False, True] and metrics["logprob_error/dropped_sequences"] == 2.0
+
+
+def test_seq_logprob_error_threshold_in_the_trainer():
+    # the trainer zeroes the dropped rows' loss mask; the default (null) leaves the batch as it is
+    from types import SimpleNamespace
+
+    from posttrain.rollout.rollout import RLBatch
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    def batch():
+        return RLBatch(
+            input_ids=torch.zeros(2, 2, dtype=torch.long),
+            attention_mask=torch.ones(2, 2, dtype=torch.long),
+            loss_mask=torch.ones(2, 2),
+            generation_logprobs=torch.tensor([[-1.0, -1.0], [-1.0, -1.0 - math.log(3)]]),
+            old_logprobs=torch.tensor([[-1.0, -1.0], [-1.0, -1.0]]),
+        )
+
+    for threshold, mask, dropped in ((1.5, [[1, 1], [0, 0]], 1.0), (2.5, [[1, 1], [1, 1]], 0.0)):
+        trainer = SimpleNamespace(cfg=SimpleNamespace(loss=LossConfig(seq_logprob_error_threshold=threshold)))
+        b = batch()  # row 1: e = (1 + 3) / 2 = 2
+        metrics = GRPOTrainer.drop_logprob_errors(trainer, b)
+        assert b.loss_mask.tolist() == mask and metrics["logprob_error/dropped_sequences"] == dropped
+    b = batch()
+    assert GRPOTrainer.drop_logprob_errors(SimpleNamespace(cfg=SimpleNamespace(loss=LossConfig())), b) == {}
+    assert b.loss_mask.tolist() == [[1, 1], [1, 1]]
+    with pytest.raises(ValueError):
+        LossConfig(seq_logprob_error_threshold=0.9)  # below 1 every sequence would be dropped
