@@ -1,3 +1,56 @@
-"""posttrain: post-training for language models (SFT, DPO, reward models, GRPO) on a laptop CPU or a Ray cluster."""
+"""posttrain: post-training for language models (SFT, DPO, reward models, GRPO) on a laptop CPU or a Ray cluster.
+
+The Python API (docs/python_api.md): `posttrain.sft`, `dpo`, `rm`, `grpo`, `ppo`, `distill` and
+`evaluate` run the CLI's commands from Python; the config classes (`posttrain.GRPOConfig`, ...)
+and `load_config` build their configs. Everything is imported on first use, so `import posttrain`
+loads neither torch nor transformers nor ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    **{
+        name: "posttrain.api"
+        for name in ("sft", "dpo", "rm", "grpo", "ppo", "distill", "evaluate", "make_config")
+    },
+    **{
+        name: "posttrain.config.schema"
+        for name in (
+            "SFTConfig",
+            "DPOConfig",
+            "RMConfig",
+            "GRPOConfig",
+            "PPOConfig",
+            "DistillConfig",
+            "EvalConfig",
+        )
+    },
+    "load_config": "posttrain.config.loader",
+    "ConfigError": "posttrain.config.loader",
+    "DataError": "posttrain.data.sources",
+    "UserError": "posttrain.errors",
+    "Environment": "posttrain.environments.interface",
+    "EnvStepResult": "posttrain.environments.interface",
+    "register_environment": "posttrain.environments.interface",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name's module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'posttrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

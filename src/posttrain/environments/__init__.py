@@ -1,6 +1,6 @@
 """Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
 reward model, reasoning-gym tasks, the sliding puzzle game, tools (calculator, python), code (sandboxed tests),
-LLM-as-judge.
+LLM-as-judge, and any OpenEnv server by URL (`openenv`).
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
 See docs/environments.md for writing your own.
@@ -25,8 +25,10 @@ from posttrain.environments.interface import (
 )
 from posttrain.environments.judge import JudgeEnvironment
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
+from posttrain.environments.openenv_env import OpenEnvEnvironment
 from posttrain.environments.python_tool import PythonToolEnvironment
 from posttrain.environments.reasoning_gym_env import ReasoningGymEnvironment
+from posttrain.environments.reward_funcs import RewardFuncsEnvironment
 from posttrain.environments.reward_model import RewardModelEnvironment
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
 from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
@@ -43,10 +45,12 @@ __all__ = [
     "EpisodeStart",
     "JudgeEnvironment",
     "MathEnvironment",
+    "OpenEnvEnvironment",
     "Message",
     "PythonToolEnvironment",
     "ReasoningGymEnvironment",
     "RewardFunctionEnvironment",
+    "RewardFuncsEnvironment",
     "RewardModelEnvironment",
     "SlidingPuzzleEnvironment",
     "TimeoutPool",
