@@ -6,12 +6,14 @@ hyper-parameters, once, at start) and `close()`. W&B and MLflow are imported onl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -191,6 +193,23 @@ def build_sinks(cfg: LoggingConfig, run_dir: Path, *, total_steps: int, start_st
     return sinks
 
 
+STEP_CALLBACKS: list[Callable[[int, dict[str, float]], Any]] = []
+"""Called with (step, metrics) on every row any `MetricsLogger` of this process logs (training metrics,
+then validation metrics as their own row); the Python API's `callbacks=` (`step_callbacks`)."""
+
+
+@contextlib.contextmanager
+def step_callbacks(callbacks: Iterable[Callable[[int, dict[str, float]], Any]]) -> Iterator[None]:
+    """Within the block, every logged row also goes to each callback (an exception from one stops the run)."""
+    added = list(callbacks)
+    STEP_CALLBACKS.extend(added)
+    try:
+        yield
+    finally:
+        for callback in added:
+            STEP_CALLBACKS.remove(callback)
+
+
 class MetricsLogger:
     """Fans each step's metrics (plus sampled system metrics) out to every enabled sink."""
 
@@ -224,6 +243,8 @@ class MetricsLogger:
             self._sampled_step = step
         for sink in self.sinks:
             sink.log(step, metrics)
+        for callback in STEP_CALLBACKS:
+            callback(step, dict(metrics))
 
     def info(self, message: str) -> None:
         if self.console:
