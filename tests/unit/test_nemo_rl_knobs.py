@@ -239,3 +239,135 @@ def test_seq_logprob_error_threshold_in_the_trainer():
     assert b.loss_mask.tolist() == [[1, 1], [1, 1]]
     with pytest.raises(ValueError):
         LossConfig(seq_logprob_error_threshold=0.9)  # below 1 every sequence would be dropped
+
+
+# --- item 7: PPO value_loss_fn.scale and the raw_reward estimator --------------------------------
+
+
+def test_value_loss_scale():
+    # V = [1, 2, 3], R = 0, unclipped: ½ (1 + 4 + 9) / 3 = 7/3; scale 2 doubles value and gradient
+    from posttrain.algorithms.value_loss import clipped_value_loss
+
+    def run(**knobs):
+        v = _lp([1.0, 2.0, 3.0])
+        zeros = torch.zeros_like(v)
+        loss, metrics = clipped_value_loss(v, zeros, zeros, torch.ones_like(zeros), normalizer=3, **knobs)
+        loss.backward()
+        return loss.item(), metrics["value_loss"], v.grad[0].tolist()
+
+    assert run() == (pytest.approx(7 / 3), pytest.approx(7 / 3), pytest.approx([1 / 3, 2 / 3, 1.0]))
+    assert run(scale=2.0) == (
+        pytest.approx(14 / 3),
+        pytest.approx(14 / 3),
+        pytest.approx([2 / 3, 4 / 3, 2.0]),
+    )
+    with pytest.raises(ValueError, match="scale"):
+        run(scale=0.0)
+
+
+def test_raw_reward_advantages():
+    # NeMo RL's case: rewards [2, -1] on every valid token (0 on padding here, which the loss masks)
+    from posttrain.algorithms.advantages import raw_reward_advantages
+    from posttrain.config.schema import GAEConfig
+
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    out = raw_reward_advantages(torch.tensor([2.0, -1.0], dtype=torch.float64), mask)
+    assert out.tolist() == [[2.0, 2.0, 2.0, 0.0], [-1.0, -1.0, 0.0, 0.0]]
+    assert GAEConfig().estimator == "gae" and GAEConfig(estimator="raw_reward").estimator == "raw_reward"
+
+
+# --- item 8: reinforce_pp's per-prompt baseline ---------------------------------------------------
+
+
+def test_reinforce_pp_minus_baseline():
+    # r = [1, 0, 1, 1], groups [0, 0, 1, 1]
+    #   minus_baseline: a = r - group mean = [½, -½, 0, 0]; Bessel std over 4 = sqrt(½ / 3)
+    #   default (batch mean ¾): a = [¼, -¾, ¼, ¼]; std = sqrt(¾ / 3) = ½
+    from posttrain.config.schema import AdvantageConfig
+    from posttrain.trainers.grpo import rl_advantages
+
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    g = torch.tensor([0, 0, 1, 1])
+    grouped = rl_advantages(AdvantageConfig(estimator="reinforce_pp", minus_baseline=True), r, g)
+    s = math.sqrt(0.5 / 3) + 1e-6
+    assert grouped.tolist() == pytest.approx([0.5 / s, -0.5 / s, 0.0, 0.0], rel=1e-14)
+    batch = rl_advantages(AdvantageConfig(estimator="reinforce_pp"), r, g)
+    assert batch.tolist() == pytest.approx([x / (0.5 + 1e-6) for x in (0.25, -0.75, 0.25, 0.25)], rel=1e-14)
+
+
+# --- item 9: asymmetric advantage clipping --------------------------------------------------------
+
+
+def test_asymmetric_advantage_clip():
+    from posttrain.algorithms.advantages import clip_advantages
+
+    a = torch.tensor([-2.0, 0.3, 1.2, -1.0, 0.5], dtype=torch.float64)  # the last two sit on the bounds
+    assert clip_advantages(a, None, low=-1.0, high=0.5).tolist() == [-1.0, 0.3, 0.5, -1.0, 0.5]
+    assert clip_advantages(a, None, low=-1.0).tolist() == [-1.0, 0.3, 1.2, -1.0, 0.5]
+    assert clip_advantages(a, None, high=0.5).tolist() == [-2.0, 0.3, 0.5, -1.0, 0.5]
+    assert clip_advantages(a, None).tolist() == a.tolist()
+    with pytest.raises(ValueError):
+        clip_advantages(a, 1.0, low=-1.0)
+    with pytest.raises(ValueError):
+        clip_advantages(a, None, low=1.0, high=1.0)
+
+
+def test_asymmetric_advantage_clip_in_the_trainer_and_config():
+    # one group r = [1, 0, 0]: mean ⅓, Bessel std sqrt(⅓): A = [⅔, -⅓, -⅓] / (sqrt(⅓) + 1e-6)
+    from posttrain.config.schema import AdvantageConfig
+    from posttrain.trainers.grpo import rl_advantages
+
+    r, g = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), torch.zeros(3, dtype=torch.long)
+    s = math.sqrt(1 / 3) + 1e-6
+    assert rl_advantages(AdvantageConfig(), r, g).tolist() == pytest.approx(
+        [2 / 3 / s, -1 / 3 / s, -1 / 3 / s]
+    )
+    clipped = rl_advantages(AdvantageConfig(clip_low=-0.5, clip_high=1.0), r, g)
+    assert clipped.tolist() == pytest.approx([1.0, -0.5, -0.5], rel=1e-15)
+    with pytest.raises(ValueError, match="one or the other"):
+        AdvantageConfig(clip=1.0, clip_high=2.0)
+    with pytest.raises(ValueError, match="below"):
+        AdvantageConfig(clip_low=1.0, clip_high=-1.0)
+
+
+# --- item 11: stop_properly_penalty_coef ----------------------------------------------------------
+
+
+def test_stop_properly_penalty_nemo_rl_cases():
+    from posttrain.algorithms.reward_shaping import stop_properly_penalty
+
+    r = torch.tensor([1.0, 0.8, 0.6, 0.4], dtype=torch.float64)
+    truncated = torch.tensor([False, True, False, True])
+    assert stop_properly_penalty(r, truncated, coef=0.5).tolist() == pytest.approx(
+        [1.0, 0.4, 0.6, 0.2], rel=1e-15
+    )
+    everything = torch.ones(4, dtype=torch.bool)  # an all-truncated batch
+    assert stop_properly_penalty(r, everything, coef=0.0).tolist() == [0.0] * 4
+    assert stop_properly_penalty(r, everything, coef=1.0).tolist() == r.tolist()
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"\[0, 1\]"):
+            stop_properly_penalty(r, truncated, coef=bad)
+
+
+def test_stop_properly_penalty_in_the_trainer_and_config():
+    from types import SimpleNamespace
+
+    from posttrain.config.schema import DAPOConfig, RewardScalingConfig
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    rollouts = SimpleNamespace(
+        rewards=torch.tensor([1.0, 1.0, 0.0]),
+        truncated=torch.tensor([False, True, True]),
+        response_lengths=None,
+    )
+
+    def shaped(dapo):
+        cfg = SimpleNamespace(advantage=SimpleNamespace(reward_scaling=RewardScalingConfig()), dapo=dapo)
+        return GRPOTrainer.rewards(SimpleNamespace(cfg=cfg), rollouts).tolist()
+
+    assert shaped(DAPOConfig(stop_properly_penalty_coef=0.25)) == [1.0, 0.25, 0.0]
+    assert shaped(DAPOConfig()) == [1.0, 1.0, 0.0]  # default: today's rewards
+    with pytest.raises(ValueError, match="one of them"):
+        DAPOConfig(stop_properly_penalty_coef=0.5, overlong_buffer=16)
+    with pytest.raises(ValueError):
+        DAPOConfig(stop_properly_penalty_coef=1.5)

@@ -34,5 +34,7 @@ def test_minibatches_must_split_over_policy_and_critic_workers():
 
 
 def test_grpo_only_keys_are_unknown():
-    with pytest.raises(ConfigError, match="unknown key `advantage.estimator`"):
+    with pytest.raises(ConfigError, match="unknown key `advantage.leave_one_out`"):
+        load_config(PPOConfig, None, ["advantage.leave_one_out=true"])
+    with pytest.raises(ConfigError, match="advantage.estimator"):  # PPO's are gae and raw_reward only
         load_config(PPOConfig, None, ["advantage.estimator=grpo"])

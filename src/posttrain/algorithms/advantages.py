@@ -300,9 +300,34 @@ def reinforce_pp_advantages(
     return out.to(rewards.dtype)
 
 
-def clip_advantages(advantages: torch.Tensor, clip: float | None) -> torch.Tensor:
+def raw_reward_advantages(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """NeMo RL's ``raw_reward`` estimator: A_bt = r_b on every valid token, 0 elsewhere (no critic,
+    no baseline; whitening, if wanted, is the caller's). Shapes: rewards [B], mask [B, T] -> [B, T]."""
+    r = _as_float(rewards)
+    if mask.dim() != 2 or mask.shape[0] != r.shape[0]:
+        raise ValueError(f"mask {tuple(mask.shape)} must be [B, T] with B = {r.shape[0]}")
+    return torch.where(mask.to(torch.bool), r.unsqueeze(-1), torch.zeros((), dtype=r.dtype))
+
+
+def clip_advantages(
+    advantages: torch.Tensor,
+    clip: float | None,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+) -> torch.Tensor:
     """A clamped to [-clip, clip] (None: unchanged). Bounds the weight a single sample gets, e.g. a
-    lone success among G binary rewards, whose GRPO advantage is (G - 1) / sqrt(G) (7.9 for G = 64)."""
+    lone success among G binary rewards, whose GRPO advantage is (G - 1) / sqrt(G) (7.9 for G = 64).
+
+    Asymmetric bounds (NeMo RL's advantage_clip_low / advantage_clip_high): A >= low, then A <= high,
+    each only where given (None: that side open). Not combined with ``clip``; needs low < high.
+    """
+    if clip is not None and (low is not None or high is not None):
+        raise ValueError("give either the symmetric clip or the low / high bounds, not both")
+    if low is not None and high is not None and low >= high:
+        raise ValueError(f"advantage clip low ({low}) must be below high ({high})")
+    if low is not None or high is not None:
+        return advantages.clamp(min=low, max=high)
     if clip is None:
         return advantages
     if clip <= 0:

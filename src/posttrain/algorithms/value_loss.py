@@ -18,13 +18,14 @@ def clipped_value_loss(
     *,
     normalizer: float,
     clip: float | None = None,
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's (clipped) value loss (Schulman et al. 2017; the form of OpenAI baselines / verl):
 
         V^clip_t = V_old,t + clamp(V_t − V_old,t, −ε, ε)
         l_t      = ½ max((V_t − R_t)², (V^clip_t − R_t)²)          (clip = ε)
         l_t      = ½ (V_t − R_t)²                                   (clip = None)
-        loss     = Σ_t m_t l_t / normalizer
+        loss     = scale · Σ_t m_t l_t / normalizer          (scale: NeMo RL's value_loss_fn.scale)
 
     Args:
         values: [B, T] V_t from the critic being trained (with grad).
@@ -33,6 +34,7 @@ def clipped_value_loss(
         mask: [B, T] 1 on tokens that count.
         normalizer: the global count of valid tokens (> 0).
         clip: ε; None: unclipped.
+        scale: multiplies the loss (and value_loss); > 0.
     Returns:
         loss: scalar tensor.
         metrics: this microbatch's shares of global token means: value_loss, value_clip_fraction
@@ -43,6 +45,8 @@ def clipped_value_loss(
         raise ValueError(f"normalizer must be > 0, got {normalizer}")
     if clip is not None and clip <= 0:
         raise ValueError(f"value clip must be > 0 or None, got {clip}")
+    if scale <= 0:
+        raise ValueError(f"value loss scale must be > 0, got {scale}")
     valid = mask.to(torch.bool)
     zero = torch.zeros_like(values)
     v = torch.where(valid, values, zero)
@@ -57,7 +61,7 @@ def clipped_value_loss(
         clipped = (v_clipped - target) ** 2
         per_token = torch.maximum(unclipped, clipped)
         clipped_active = (clipped > unclipped).to(values.dtype)
-    loss = 0.5 * torch.where(valid, per_token, zero).sum() / normalizer
+    loss = scale * 0.5 * torch.where(valid, per_token, zero).sum() / normalizer
     metrics = {
         "value_loss": float(loss.detach()),
         "value_clip_fraction": float(torch.where(valid, clipped_active, zero).sum() / normalizer),

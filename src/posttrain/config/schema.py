@@ -829,6 +829,21 @@ class AdvantageConfig(Strict):
         "default); where it is 0 the advantage stays r - baseline.",
     )
     clip: float | None = Field(None, gt=0, description="Clamp advantages to [-clip, clip]; null: off.")
+    clip_low: float | None = Field(
+        None,
+        description="NeMo RL: grpo.advantage_clip_low. Lower bound of the advantages (e.g. -2), set apart "
+        "from clip_high when the two sides need different bounds; null: open. Not with clip.",
+    )
+    clip_high: float | None = Field(
+        None,
+        description="NeMo RL: grpo.advantage_clip_high. Upper bound of the advantages (e.g. 3); null: open.",
+    )
+    minus_baseline: bool = Field(
+        False,
+        description="NeMo RL: adv_estimator.minus_baseline (its default there: true). reinforce_pp: "
+        "subtract each prompt's group mean before the batch normalisation (REINFORCE++-baseline, for "
+        "G > 1 samples per prompt); false: the batch mean only (plain REINFORCE++).",
+    )
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
     distill_coef: float = Field(
         1.0, gt=0, description="on_policy_distill: weight of the teacher-minus-student log-probability."
@@ -849,6 +864,19 @@ class AdvantageConfig(Strict):
     def _consistent(self) -> AdvantageConfig:
         if self.leave_one_out_std and not self.leave_one_out:
             raise ValueError("advantage.leave_one_out_std needs advantage.leave_one_out=true")
+        if self.clip is not None and (self.clip_low is not None or self.clip_high is not None):
+            raise ValueError(
+                "advantage.clip is symmetric; advantage.clip_low / clip_high are its asymmetric form: "
+                "set one or the other"
+            )
+        if self.clip_low is not None and self.clip_high is not None and self.clip_low >= self.clip_high:
+            raise ValueError(
+                f"advantage.clip_low ({self.clip_low}) must be below advantage.clip_high ({self.clip_high})"
+            )
+        if self.minus_baseline and self.estimator != "reinforce_pp":
+            config_warning(
+                f"advantage.minus_baseline applies to estimator=reinforce_pp; {self.estimator} ignores it"
+            )
         if self.estimator not in ("grpo", "on_policy_distill") and (
             self.leave_one_out or self.leave_one_out_std or not self.normalize_std
         ):
@@ -873,6 +901,24 @@ class DAPOConfig(Strict):
         None, gt=0, description="Soft overlong penalty over the last N tokens."
     )
     overlong_penalty: float = Field(1.0, ge=0)
+    stop_properly_penalty_coef: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="NeMo RL: reward_shaping.stop_properly_penalty_coef. Scale the reward of a truncated "
+        "sample (no stop token) by this: 0 gives it nothing, 1 changes nothing. Use it to teach the policy "
+        "to finish within the budget (rewards >= 0; a negative reward is scaled towards 0). Not with "
+        "overlong_buffer; null: off.",
+    )
+
+    @model_validator(mode="after")
+    def _one_length_shaping(self) -> DAPOConfig:
+        if self.stop_properly_penalty_coef is not None and self.overlong_buffer is not None:
+            raise ValueError(
+                "dapo.stop_properly_penalty_coef and dapo.overlong_buffer both shape the reward of long "
+                "samples (NeMo RL ignores the overlong penalty when the coefficient is set): set one of them"
+            )
+        return self
 
 
 class GRPOTrainerConfig(Strict):
@@ -1612,6 +1658,12 @@ class CriticConfig(Strict):
     scheduler: SchedulerConfig = Field(
         default_factory=lambda: SchedulerConfig(name="constant", warmup_steps=0)
     )
+    value_loss_scale: float = Field(
+        1.0,
+        gt=0,
+        description="NeMo RL: value_loss_fn.scale. Multiplies the value loss. The critic has its own AdamW, "
+        "so the scale mostly moves the loss against critic.optimizer.max_grad_norm and Adam's eps.",
+    )
     value_clip: float | None = Field(
         0.5,
         gt=0,
@@ -1641,6 +1693,12 @@ class CriticConfig(Strict):
 class GAEConfig(Strict):
     """Per-token rewards and generalised advantage estimation (see posttrain.algorithms.gae, docs/ppo.md)."""
 
+    estimator: Literal["gae", "raw_reward"] = Field(
+        "gae",
+        description="NeMo RL: ppo.adv_estimator.name. gae: the critic's GAE advantages. raw_reward: A = the "
+        "episode's (shaped) reward on every assistant token, no critic and no baseline in the advantage "
+        "(whitened when whiten is true; the critic still trains); a baseline-free ablation.",
+    )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount γ per assistant token.")
     lam_critic: float = Field(
         1.0, ge=0, le=1, description="GAE λ of the value targets R = A + V (1: Monte-Carlo returns)."

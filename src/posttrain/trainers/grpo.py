@@ -40,6 +40,7 @@ from posttrain.algorithms.metrics import (
     pass_at_k,
 )
 from posttrain.algorithms.policy_loss import POLICY_LOSSES, kl_estimate
+from posttrain.algorithms.reward_shaping import stop_properly_penalty
 from posttrain.checkpoint import Deadline, resolve_resume
 from posttrain.config.schema import (
     AdvantageConfig,
@@ -187,7 +188,9 @@ def rl_advantages(
     token, r_i - β Σ_{s>=t} KL_is (``reinforce_pp_advantages``), as REINFORCE++ does.
     on_policy_distill ([N, T] teacher and student log-probabilities of the sampled tokens):
     distill_coef (log π_T - log π_S) per token, plus distill_reward_weight times the grpo advantage
-    of the (KL-penalised) rewards on every token of the sample. Then ``advantage.clip``.
+    of the (KL-penalised) rewards on every token of the sample. reinforce_pp with
+    ``advantage.minus_baseline`` subtracts each group's mean first. Then ``advantage.clip`` (or its
+    asymmetric clip_low / clip_high).
     """
     if adv.estimator == "on_policy_distill":
         if teacher_logprobs is None or student_logprobs is None or mask is None:
@@ -208,11 +211,12 @@ def rl_advantages(
         advantages = on_policy_distill_advantages(
             teacher_logprobs, student_logprobs, mask, advantages=env, coefficient=adv.distill_coef
         )
-        return clip_advantages(advantages, adv.clip)
+        return clip_advantages(advantages, adv.clip, low=adv.clip_low, high=adv.clip_high)
     if adv.estimator == "reinforce_pp":
         advantages = compute_advantages(
-            "reinforce_pp", rewards, group_ids, scored=scored, kl=kl, mask=mask, kl_beta=kl_beta
-        )
+            "reinforce_pp", rewards, group_ids, scored=scored, kl=kl, mask=mask, kl_beta=kl_beta,
+            group_baseline=adv.minus_baseline,
+        )  # fmt: skip
     else:
         if kl is not None:
             rewards = kl_penalized_rewards(rewards, kl, mask, kl_beta=kl_beta)
@@ -226,7 +230,7 @@ def rl_advantages(
             else {}
         )
         advantages = compute_advantages(adv.estimator, rewards, group_ids, scored=scored, **kwargs)
-    return clip_advantages(advantages, adv.clip)
+    return clip_advantages(advantages, adv.clip, low=adv.clip_low, high=adv.clip_high)
 
 
 def scored_reward_metrics(rewards: torch.Tensor, scored: torch.Tensor) -> dict[str, float]:
@@ -540,8 +544,9 @@ class GRPOTrainer:
         )
 
     def rewards(self, rollouts: Rollouts) -> torch.Tensor:
-        """Task rewards, scaled (advantage.reward_scaling), plus DAPO's soft overlong penalty on the
-        episode's generated tokens over all its turns, against the episode token budget."""
+        """Task rewards, scaled (advantage.reward_scaling), then a truncated sample's scaled by
+        dapo.stop_properly_penalty_coef, or DAPO's soft overlong penalty on the episode's generated
+        tokens over all its turns, against the episode token budget."""
         cfg = self.cfg
         rewards = rollouts.rewards
         scaling = cfg.advantage.reward_scaling
@@ -552,6 +557,10 @@ class GRPOTrainer:
                 source_max=scaling.source_max,
                 target_min=scaling.target_min,
                 target_max=scaling.target_max,
+            )
+        if cfg.dapo.stop_properly_penalty_coef is not None:
+            rewards = stop_properly_penalty(
+                rewards, rollouts.truncated, coef=cfg.dapo.stop_properly_penalty_coef
             )
         if cfg.dapo.overlong_buffer:
             rewards = rewards + overlong_reward_shaping(

@@ -13,7 +13,8 @@ One step:
      value loss for `critic_epochs` passes (default `ppo_epochs`), on this batch and the last
      `critic_replay_batches` ones (value replay); after `critic_warmup_steps` steps the policy also
      minimises the clipped surrogate for `ppo_epochs` passes over this batch (GRPO's `grpo_loss`
-     with per-token advantages, all of `loss.*`).
+     with per-token advantages, all of `loss.*`). advantage.estimator=raw_reward: A = the episode
+     reward on every assistant token instead of GAE (the critic still trains).
 Everything else (generation, refits, validation, checkpoints, the loop) is GRPOTrainer's.
 """
 
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from posttrain.algorithms.advantages import clip_advantages
+from posttrain.algorithms.advantages import clip_advantages, raw_reward_advantages
 from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards, whiten
 from posttrain.algorithms.metrics import accumulate_metrics
@@ -68,11 +69,12 @@ class PPOBatch(RLBatch):
 
 
 def value_loss_fn(
-    values: torch.Tensor, batch: PPOBatch, normalizer: float, *, clip: float | None
+    values: torch.Tensor, batch: PPOBatch, normalizer: float, *, clip: float | None, scale: float = 1.0
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The critic's loss on a microbatch (`clipped_value_loss`, normalised by the global token count)."""
+    """The critic's loss on a microbatch (`clipped_value_loss`, normalised by the global token count,
+    times `scale`: critic.value_loss_scale)."""
     return clipped_value_loss(
-        values, batch.values, batch.returns, batch.loss_mask, normalizer=normalizer, clip=clip
+        values, batch.values, batch.returns, batch.loss_mask, normalizer=normalizer, clip=clip, scale=scale
     )
 
 
@@ -206,11 +208,14 @@ class PPOTrainer(GRPOTrainer):
             else adv.lam_actor
         )
         actor_side = gae_advantages(per_token, values.double(), mask, gamma=adv.gamma, lam=lam_actor)
-        advantages = whiten(actor_side.advantages, mask) if adv.whiten else actor_side.advantages
+        raw = actor_side.advantages
+        if adv.estimator == "raw_reward":  # A = r on every assistant token; the critic is left out
+            raw = raw_reward_advantages(rewards.double(), mask)
+        advantages = whiten(raw, mask) if adv.whiten else raw
         batch.advantages = clip_advantages(advantages, adv.clip).float()
         batch.values, batch.returns = values, critic_side.returns.float()
         returns_mean, returns_std = masked_stats(critic_side.returns, mask)
-        adv_mean, adv_std = masked_stats(actor_side.advantages, mask)
+        adv_mean, adv_std = masked_stats(raw, mask)
         metrics = {
             **scored_reward_metrics(rewards, rollouts.scored),
             "response_length": float(rollouts.response_lengths.mean()),
@@ -284,7 +289,8 @@ class PPOTrainer(GRPOTrainer):
         data, batches = self.critic_data(batch)
         epochs, parts = self.critic_epochs(), self.cfg.ppo.updates_per_batch * batches
         updates = epochs * min(parts, len(data))  # `chunks` makes no empty minibatch
-        value_fn = functools.partial(value_loss_fn, clip=self.cfg.critic.value_clip)
+        critic = self.cfg.critic
+        value_fn = functools.partial(value_loss_fn, clip=critic.value_clip, scale=critic.value_loss_scale)
         metrics: dict[str, float] = {}
         for epoch in range(epochs):
             for mb in self.epoch_minibatches(data, epoch, parts, shuffle_first=batches > 1):
