@@ -371,3 +371,46 @@ def test_stop_properly_penalty_in_the_trainer_and_config():
         DAPOConfig(stop_properly_penalty_coef=0.5, overlong_buffer=16)
     with pytest.raises(ValueError):
         DAPOConfig(stop_properly_penalty_coef=1.5)
+
+
+# --- item 6: DPO preference_loss_weight and the SFT term's averaging -----------------------------
+
+
+def _dpo_batch():
+    from types import SimpleNamespace
+
+    # two pairs: chosen rows 0, 2; rejected rows 1, 3. Reference logps 0, so h = s_w - s_l.
+    mask = torch.tensor(
+        [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64
+    )
+    return SimpleNamespace(loss_mask=mask, reference_logps=torch.zeros(4, dtype=torch.float64))
+
+
+# chosen token logprobs: row 0 [-1, -1] (sum -2, mean -1), row 2 [-2, -2, -2] (sum -6, mean -2);
+# rejected rows: [-1], [-1]. h = [-2 + 1, -6 + 1] = [-1, -5]
+LP = torch.tensor(
+    [[-1.0, -1.0, 0.0], [-1.0, 0.0, 0.0], [-2.0, -2.0, -2.0], [-1.0, 0.0, 0.0]], dtype=torch.float64
+)
+
+
+def _dpo(**knobs):
+    from posttrain.trainers.dpo import dpo_loss
+
+    kw = dict(loss_type="sigmoid", beta=0.1, label_smoothing=0.0, average_logprobs=False, chosen_tokens=5.0)
+    loss, metrics = dpo_loss(LP, _dpo_batch(), 2.0, **{**kw, **knobs})
+    return loss.item(), metrics
+
+
+def test_dpo_preference_loss_weight_and_sft_normalization():
+    pref = (math.log(1 + math.exp(0.1)) + math.log(1 + math.exp(0.5))) / 2  # -log σ(β h), β = 0.1
+    loss, metrics = _dpo(sft_weight=0.0)  # the defaults: today's loss
+    assert loss == pytest.approx(pref, rel=1e-14) and metrics["preference_loss"] == pytest.approx(pref)
+    loss, _ = _dpo(sft_weight=0.0, preference_loss_weight=0.5)
+    assert loss == pytest.approx(0.5 * pref, rel=1e-14)
+    # SFT NLL of the chosen: token: (2 + 6) / 5 = 1.6; sum: (2 + 6) / 2 pairs = 4; average: (1 + 2) / 2
+    for mode, nll in (("token", 1.6), ("sum", 4.0), ("average", 1.5)):
+        loss, metrics = _dpo(sft_weight=1.0, sft_normalization=mode)
+        assert metrics["sft_nll"] == pytest.approx(nll, rel=1e-15), mode
+        assert loss == pytest.approx(pref + nll, rel=1e-14), mode
+    loss, _ = _dpo(sft_weight=1.0, preference_loss_weight=0.0, sft_normalization="sum")  # SFT only
+    assert loss == pytest.approx(4.0, rel=1e-15)

@@ -81,6 +81,31 @@ def ipo_loss(h: torch.Tensor, *, beta: float, label_smoothing: float = 0.0) -> t
     return (h - 1.0 / (2.0 * beta)) ** 2
 
 
+def chosen_nll(
+    token_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    normalization: str,
+    tokens: float,
+    pairs: float,
+) -> torch.Tensor:
+    """This microbatch's share of the SFT term of DPO: the NLL of the chosen responses ([P, T] rows).
+
+        "token":    Σ_b Σ_t m_bt (-lp_bt) / tokens                 (per chosen token of the global batch)
+        "sum":      Σ_b [Σ_t m_bt (-lp_bt)] / pairs                 (NeMo RL, sft_average_log_probs=false)
+        "average":  Σ_b [Σ_t m_bt (-lp_bt) / max(Σ_t m_bt, 1)] / pairs   (NeMo RL, sft_average_log_probs=true)
+
+    tokens / pairs: the global batch's chosen tokens / pairs, so summing the shares over microbatches
+    gives the global value. Returns a scalar.
+    """
+    if normalization == "token":
+        return -(token_logprobs * mask.to(token_logprobs.dtype)).sum() / tokens
+    if normalization not in ("sum", "average"):
+        raise ValueError(f"unknown SFT normalization {normalization!r}; choose token, sum or average")
+    per_sequence = sequence_logprobs(token_logprobs, mask, average=normalization == "average")
+    return -per_sequence.sum() / pairs
+
+
 PREFERENCE_LOSSES: dict[str, Callable[..., torch.Tensor]] = {"sigmoid": dpo_sigmoid_loss, "ipo": ipo_loss}
 """DPO-family losses by name (config: `dpo.loss_type`); each maps h [P] -> per-pair losses [P]."""
 

@@ -1420,6 +1420,18 @@ class DPOTrainerConfig(PreferenceTrainerConfig):
     sft_weight: float = Field(
         0.0, ge=0, description="Add this times the NLL of the chosen responses (per chosen token)."
     )
+    preference_loss_weight: float = Field(
+        1.0,
+        ge=0,
+        description="NeMo RL: dpo.preference_loss_weight. Weight of the preference term; lower it (or 0: SFT "
+        "on the chosen only) when sft_weight should dominate.",
+    )
+    sft_normalization: Literal["token", "sum", "average"] = Field(
+        "token",
+        description="NeMo RL: dpo.sft_average_log_probs (false: sum, true: average). How the SFT term's NLL "
+        "is averaged: token: per chosen token of the batch; sum: each chosen's summed NLL, per pair; "
+        "average: each chosen's per-token mean, per pair. Use sum / average to match a NeMo RL recipe.",
+    )
 
     @model_validator(mode="after")
     def _ipo_no_smoothing(self) -> DPOTrainerConfig:

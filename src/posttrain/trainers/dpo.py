@@ -3,11 +3,13 @@
 For each step: sample `global_batch_size` pairs (x, y_w, y_l); score both responses once with the
 frozen reference policy π_ref; then take one optimizer step on
 
-    L = (1 / P) Σ_pairs ℓ(h) + λ · NLL(y_w),   h = (log π - log π_ref)(y_w) - (log π - log π_ref)(y_l)
+    L = w_p (1 / P) Σ_pairs ℓ(h) + λ · NLL(y_w),   h = (log π - log π_ref)(y_w) - (log π - log π_ref)(y_l)
 
 with ℓ(h) = -log σ(β h) (DPO; label-smoothed with ε), or (h - 1/(2β))² (IPO); log π summed (or
 length-averaged) over response tokens. P counts the global batch's pairs and the NLL is per chosen
-token of the global batch, so the step does not depend on microbatching or data parallelism.
+token of the global batch (dpo.sft_normalization=token; sum / average: per pair, NeMo RL's two
+modes), so the step does not depend on microbatching or data parallelism. w_p:
+dpo.preference_loss_weight.
 Implicit rewards r = β (log π - log π_ref) give the logged accuracy and margin.
 """
 
@@ -20,6 +22,7 @@ import torch
 
 from posttrain.algorithms.preference import (
     PREFERENCE_LOSSES,
+    chosen_nll,
     preference_accuracy_and_margin,
     preference_logits,
     sequence_logprobs,
@@ -41,6 +44,8 @@ def dpo_loss(
     average_logprobs: bool,
     sft_weight: float,
     chosen_tokens: float,
+    preference_loss_weight: float = 1.0,
+    sft_normalization: str = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This microbatch's share of the global DPO loss and metrics (`normalizer` = pairs in the global batch)."""
     seq = sequence_logprobs(token_logprobs, batch.loss_mask, average=average_logprobs)
@@ -48,7 +53,7 @@ def dpo_loss(
     h = preference_logits(seq[0::2], seq[1::2], ref[0::2], ref[1::2])
     pair_losses = PREFERENCE_LOSSES[loss_type](h, beta=beta, label_smoothing=label_smoothing)
     preference_loss = pair_losses.sum() / normalizer
-    loss = preference_loss
+    loss = preference_loss_weight * preference_loss
     chosen_reward = beta * (seq[0::2] - ref[0::2]).detach()
     rejected_reward = beta * (seq[1::2] - ref[1::2]).detach()
     accuracy, margin = preference_accuracy_and_margin(chosen_reward, rejected_reward)
@@ -62,7 +67,10 @@ def dpo_loss(
         "logps/rejected": float(seq[1::2].detach().sum() / normalizer),
     }
     if sft_weight:
-        nll = -(token_logprobs[0::2] * batch.loss_mask[0::2].to(token_logprobs.dtype)).sum() / chosen_tokens
+        nll = chosen_nll(
+            token_logprobs[0::2], batch.loss_mask[0::2], normalization=sft_normalization,
+            tokens=chosen_tokens, pairs=normalizer,
+        )  # fmt: skip
         loss = loss + sft_weight * nll
         metrics["sft_nll"] = float(nll.detach())
     metrics["loss"] = float(loss.detach())
@@ -116,7 +124,15 @@ class DPOTrainer(PreferenceTrainer):
 
     def loss_fn(self, batch: PreferenceBatch) -> Any:
         knobs = self.loop.model_dump(
-            include={"loss_type", "beta", "label_smoothing", "average_logprobs", "sft_weight"}
+            include={
+                "loss_type",
+                "beta",
+                "label_smoothing",
+                "average_logprobs",
+                "sft_weight",
+                "preference_loss_weight",
+                "sft_normalization",
+            }  # fmt: skip
         )
         chosen_tokens = max(1.0, float(batch.loss_mask[0::2].sum()))
         return functools.partial(dpo_loss, chosen_tokens=chosen_tokens, **knobs)
