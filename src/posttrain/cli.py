@@ -101,6 +101,59 @@ def _doctor_command(args: argparse.Namespace) -> int:
     return doctor(args.config, args.algorithm, args.overrides, smoke=args.smoke)
 
 
+def _env_command(args: argparse.Namespace) -> int:
+    """`posttrain env serve NAME ...`: serve a registered environment as an OpenEnv server."""
+    from posttrain.config.loader import apply_overrides
+
+    try:
+        from posttrain.serve.openenv_server import serve
+    except ImportError as e:
+        raise UserError(f"posttrain env serve needs the serve extra ({e}); pip install 'posttrain[serve]'") from e
+    kwargs = apply_overrides({}, args.kwargs)
+    print(f"serving environment {args.name!r} as OpenEnv on http://{args.host}:{args.port}", flush=True)
+    serve(
+        args.name,
+        kwargs,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        max_concurrency=args.max_concurrency,
+    )
+    return 0
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """Positionals may come after options (`serve NAME --port 1 max_moves=10`), as in Python 3.12's argparse."""
+
+    _inside = False
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if self._inside:  # parse_known_intermixed_args calls back here
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+
+
+def _add_env_parser(sub: argparse._SubParsersAction, debug: argparse.ArgumentParser) -> None:
+    """The `env` command: `env serve NAME --port P [--host H] [--workers N] [--max-concurrency K] [k=v ...]`."""
+    env = sub.add_parser("env", help="environments as services", parents=[debug])
+    env_sub = env.add_subparsers(dest="action", required=True, parser_class=_IntermixedParser)
+    text = "serve a registered environment as an OpenEnv server (needs the serve extra); see docs/serve.md"
+    serve = env_sub.add_parser("serve", help=text, description=text, parents=[debug])
+    serve.add_argument("name", help="a registered environment (math, sliding_puzzle, ...) or module:Class")
+    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
+    serve.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
+    serve.add_argument(
+        "--max-concurrency", type=int, default=64, help="sessions (episodes) at once per process (default 64)"
+    )
+    serve.add_argument("kwargs", nargs="*", help="environment kwargs as dotted overrides, e.g. max_moves=10")
+    serve.set_defaults(func=_env_command)
+
+
 DEBUG_HELP = "show the traceback of configuration and data errors too (or set POSTTRAIN_DEBUG=1)"
 
 COMMAND_HELP = {
@@ -156,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--smoke", action="store_true", help="also run one GRPO step on a tiny random model")
     doc.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generation.backend=vllm")
     doc.set_defaults(func=_doctor_command)
+    _add_env_parser(sub, debug)
     return parser
 
 
