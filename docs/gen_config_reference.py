@@ -27,7 +27,10 @@ HEADER = """# Configuration reference
 Every key of every command's config, with its type, its default for that command and its
 description. Set keys in a YAML recipe (`--config FILE`, nested sections) or on the command line
 as dotted overrides (`posttrain grpo policy.optimizer.lr=1e-5`); `posttrain <command>
---print-config` prints the resolved config. Unknown keys fail with a suggestion.
+--print-config` prints the resolved config. Unknown keys fail with a suggestion. A section used
+in several places (the policy, the optimizer, a dataset split, ...) is described once under
+[Shared sections](#shared-sections); a command's table links it and lists the keys whose default
+differs for that command.
 """
 
 
@@ -58,20 +61,73 @@ def doc_line(cls: type) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-def rows(model: BaseModel, prefix: str = "") -> list[str]:
-    """One table row per key of ``model`` (its values are the defaults), nested sections recursively."""
+def key_cell(key: str) -> str:
+    """A key that never breaks inside: `code.cfg-key` is `white-space: nowrap` (docs/stylesheets/config.css)."""
+    return f'<code class="cfg-key">{key}</code>'
+
+
+def anchor(cls: type) -> str:
+    """The link to a shared section's heading (`### ClassName`: toc's slug is the lower-cased name)."""
+    return f"[`{cls.__name__}`](#{cls.__name__.lower()})"
+
+
+def model_class(annotation: Any) -> type | None:
+    """The BaseModel class in `X`, `X | None`, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    found = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return found[0] if len(found) == 1 else None
+
+
+def class_defaults(cls: type) -> BaseModel:
+    """The class's own field defaults (validators not run: DatasetConfig alone names no source)."""
+    return cls.model_construct()
+
+
+def rows(model: BaseModel, shared: set[type], prefix: str = "") -> list[str]:
+    """One row per key of ``model`` (its values are the defaults). A nested section of a shared class
+    is one row linking its section, plus a row per key whose default here differs from the class's;
+    other nested sections are expanded in place."""
     out = []
     for name, info in type(model).model_fields.items():
         key, value = f"{prefix}{name}", getattr(model, name)
+        nested = model_class(info.annotation)
+        if isinstance(value, BaseModel) and type(value) in shared:
+            cls = type(value)
+            out.append(f"| {key_cell(key)} | {anchor(cls)} | | {cell(info.description or doc_line(cls))} |")
+            out += differences(value, class_defaults(cls), f"{key}.")
+            continue
         if isinstance(value, BaseModel):
             cls = type(value)
-            out.append(f"| **`{key}`** | `{cls.__name__}` | | {cell(info.description or doc_line(cls))} |")
-            out += rows(value, f"{key}.")
+            out.append(
+                f"| {key_cell(key)} | `{cls.__name__}` | | {cell(info.description or doc_line(cls))} |"
+            )
+            out += rows(value, shared, f"{key}.")
             continue
+        kind = cell(type_name(info.annotation))
+        if nested is not None and nested in shared:  # an optional section, null by default
+            kind = kind.replace(nested.__name__, anchor(nested))
         out.append(
-            f"| `{key}` | {cell(type_name(info.annotation))} | `{cell(json.dumps(_plain(value)))}` "
-            f"| {cell(info.description or '')} |"
+            f"| {key_cell(key)} | {kind} | `{cell(json.dumps(_plain(value)))}` | {cell(info.description or '')} |"
         )
+    return out
+
+
+def differences(value: BaseModel, default: BaseModel, prefix: str) -> list[str]:
+    """Rows for the keys of a shared section whose value here differs from the class's default."""
+    out = []
+    for name, info in type(value).model_fields.items():
+        here, base = getattr(value, name), getattr(default, name, None)
+        if isinstance(here, BaseModel) and isinstance(base, BaseModel) and type(here) is type(base):
+            out += differences(here, base, f"{prefix}{name}.")
+        elif _plain(here) != _plain(base):
+            shown = cell(
+                json.dumps(_plain(here) if not isinstance(here, BaseModel) else here.model_dump(mode="json"))
+            )
+            out.append(
+                f"| {key_cell(prefix + name)} | {cell(type_name(info.annotation))} | `{shown}` "
+                f"| {cell(info.description or '')} |"
+            )
     return out
 
 
@@ -83,31 +139,74 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     return str(value)
 
 
-def section(title: str, model: BaseModel) -> str:
+TABLE_HEAD = ["| key | type | default | description |", "|---|---|---|---|"]
+
+
+def section(title: str, model: BaseModel, shared: set[type], level: str = "##") -> str:
     """A heading, the config class's docstring, and the table of its keys."""
-    lines = [
-        f"## {title}",
-        "",
-        doc_line(type(model)),
-        "",
-        "| key | type | default | description |",
-        "|---|---|---|---|",
-    ]
-    return "\n".join([*lines, *rows(model)]) + "\n"
+    lines = [f"{level} {title}", "", doc_line(type(model)), "", *TABLE_HEAD]
+    return "\n".join([*lines, *rows(model, shared)]) + "\n"
+
+
+def section_classes(model: BaseModel) -> list[type]:
+    """Every section class under ``model``, depth first, once per place it appears (optional
+    sections that are null by default included)."""
+    found = []
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            found += [type(value), *section_classes(value)]
+        elif model_class(info.annotation) is not None:
+            found.append(model_class(info.annotation))
+    return found
+
+
+def shared_classes(models: list[BaseModel]) -> list[type]:
+    """Section classes that appear in more than one place (or only as an optional, null section):
+    each gets one section of its own, which every place links."""
+    places = [cls for m in models for cls in section_classes(m)]
+    expanded = {type(v) for m in models for v in _section_values(m)}
+    shared = {cls for cls in places if places.count(cls) > 1 or cls not in expanded}
+    return sorted(shared, key=lambda c: c.__name__)
+
+
+def _section_values(model: BaseModel) -> list[BaseModel]:
+    values = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            values += [value, *_section_values(value)]
+    return values
 
 
 def render() -> str:
-    """The whole page."""
+    """The whole page: one section per command, then one per shared config class."""
     from posttrain.config.schema import ALGORITHM_CONFIGS, SandboxConfig
 
+    commands = {command: cls() for command, cls in ALGORITHM_CONFIGS.items()}
+    shared_list = shared_classes([*commands.values(), SandboxConfig()])
+    shared = set(shared_list)
     parts = [HEADER]
-    for command, cls in ALGORITHM_CONFIGS.items():
-        parts.append(section(f"posttrain {command}", cls()))
-    parts.append(section("Sandbox (`posttrain.sandbox.SandboxPool`)", SandboxConfig()))
+    for command, model in commands.items():
+        parts.append(section(f"posttrain {command}", model, shared))
+    parts.append(section("Sandbox (`posttrain.sandbox.SandboxPool`)", SandboxConfig(), shared))
+    parts.append(SHARED_HEADER)
+    for cls in shared_list:
+        parts.append(section(cls.__name__, class_defaults(cls), shared, level="###"))
     return "\n".join(parts)
+
+
+SHARED_HEADER = """## Shared sections
+
+Sections that several commands (or several places of one command) use, each listed once with
+its class's own defaults; a command's table links here and lists the keys whose default differs
+for that command.
+"""
 
 
 def main(argv: list[str]) -> int:

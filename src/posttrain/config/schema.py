@@ -1254,7 +1254,8 @@ class EvalSamplingConfig(Strict):
 
 class EvalConfig(Strict):
     """`posttrain eval`: run n episodes per task (math problems by default, any environment, one turn
-    or several) and score them (pass@k, cons@k, mean reward and turns)."""
+    or several) and score them with the environment's reward (mean reward, pass@k, cons@k, turns);
+    or, with `metric: loss`, the held-out loss and perplexity of SFT rows."""
 
     model: str = Field(
         "smollm2-135m-instruct",
