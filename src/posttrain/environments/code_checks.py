@@ -365,10 +365,10 @@ def decode_output(data: Any, depth: int = 0) -> Any:
     raise ValueError("malformed output")
 
 
-def parse_outputs(stdout: str, count: int) -> list[Any] | None:
-    """The `count` outputs of the last outputs frame of `stdout` (a malformed value becomes
-    `Failed`), or None when the last frame is missing, cut (no newline), not JSON, too large or
-    holds another number of values. Never raises."""
+def frame_values(stdout: str, count: int) -> list[Any] | None:
+    """The `count` tagged values (JSON, not yet decoded) of the last outputs frame of `stdout`, or
+    None when the last frame is missing, cut (no newline), not JSON, too large or holds another
+    number of values. Never raises."""
     start = stdout.rfind(f"\n{OUTPUTS_TAG} ")
     end = stdout.find("\n", start + 1) if start >= 0 else -1
     if end < 0 or end - start > MAX_FRAME_CHARS:
@@ -377,7 +377,14 @@ def parse_outputs(stdout: str, count: int) -> list[Any] | None:
         values = json.loads(stdout[start + len(OUTPUTS_TAG) + 2 : end])
     except Exception:  # hostile text: RecursionError, ValueError, ...; all mean "no frame"
         return None
-    if type(values) is not list or len(values) != count:
+    return values if type(values) is list and len(values) == count else None
+
+
+def parse_outputs(stdout: str, count: int) -> list[Any] | None:
+    """The `count` outputs of the last outputs frame of `stdout` (a malformed value becomes
+    `Failed`), or None when there is no valid frame (`frame_values`). Never raises."""
+    values = frame_values(stdout, count)
+    if values is None:
         return None
     outputs: list[Any] = []
     for value in values:
