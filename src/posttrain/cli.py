@@ -108,7 +108,9 @@ def _env_command(args: argparse.Namespace) -> int:
     try:
         from posttrain.serve.openenv_server import serve
     except ImportError as e:
-        raise UserError(f"posttrain env serve needs the serve extra ({e}); pip install 'posttrain[serve]'") from e
+        raise UserError(
+            f"posttrain env serve needs the serve extra ({e}); pip install 'posttrain[serve]'"
+        ) from e
     kwargs = apply_overrides({}, args.kwargs)
     print(f"serving environment {args.name!r} as OpenEnv on http://{args.host}:{args.port}", flush=True)
     serve(

@@ -35,7 +35,14 @@ from openenv_servers import (  # noqa: E402
 from posttrain.environments.interface import observation_messages  # noqa: E402
 from posttrain.environments.math import MathEnvironment  # noqa: E402
 from posttrain.environments.openenv_env import EnvironmentServerError, OpenEnvEnvironment  # noqa: E402
-from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, shuffled_grid, solve_bfs  # noqa: E402
+from posttrain.environments.sliding_puzzle import (  # noqa: E402
+    SlidingPuzzleEnvironment,
+    apply_action,
+    is_solved,
+    legal_directions,
+    shuffled_grid,
+    solve_bfs,
+)
 from posttrain.rollout.rollout import start_episodes  # noqa: E402
 from posttrain.serve.openenv_server import create_app  # noqa: E402
 
@@ -284,13 +291,24 @@ def test_verify_route_scores_a_finished_transcript(puzzle_url: str) -> None:
 # -- (d) a server killed mid-run --------------------------------------------------------------------
 
 
+def unsolving_moves(env: SlidingPuzzleEnvironment, tasks: list[dict]) -> list[str]:
+    """Per task, a legal first move that does not solve the board (the episode goes on)."""
+    moves = []
+    for start in env.reset(tasks, [0] * len(tasks)):
+        grid = start.metadata["grid"]
+        moves.append(next(m for m in legal_directions(grid) if not is_solved(apply_action(grid, m)[0])))
+    return moves
+
+
 def test_killed_server_gives_unscored_episodes_and_a_restarted_one_continues() -> None:
     """Kill the server after one turn: the episodes stepped while it is down end unscored (scored=False,
     the error names the server, the request and the episode), never scored 0 as if played; after a restart
     on the same port the other episodes are replayed and continue exactly as in-process."""
     local = SlidingPuzzleEnvironment(**PUZZLE_KWARGS)
     tasks = local.generate_tasks(4, seed=3)
-    scripts = [["<action>view</action>", "<action>up</action>", "<action>left</action>"]] * 4
+    scripts = [
+        [f"<action>{move}</action>", "<action>view</action>"] for move in unsolving_moves(local, tasks)
+    ]
     port = free_port()
     process = start_cli_server(PUZZLE_ARGS, port)
     url = f"http://127.0.0.1:{port}"
@@ -298,12 +316,16 @@ def test_killed_server_gives_unscored_episodes_and_a_restarted_one_continues() -
         wait_healthy(url, process=process)
         remote = OpenEnvEnvironment(url, timeout_s=20, retries=2, backoff_s=0.05)
         starts = remote.reset(tasks, [0, 1, 2, 3])
-        logs = [[*s.messages, {"role": "assistant", "content": scripts[0][0]}] for s in starts]
+        logs = [[*s.messages, {"role": "assistant", "content": scripts[k][0]}] for k, s in enumerate(starts)]
         first = remote.step(logs, [s.metadata for s in starts])
         assert first.scored == [True] * 4 and first.done == [False] * 4
         kill(process)
         logs = [
-            [*log, *first.observations[k], {"role": "assistant", "content": scripts[0][1]}]
+            [
+                *log,
+                *observation_messages(first.observations[k]),
+                {"role": "assistant", "content": scripts[k][1]},
+            ]
             for k, log in enumerate(logs)
         ]
         down = remote.step(logs[:2], first.metadata[:2])
@@ -318,9 +340,10 @@ def test_killed_server_gives_unscored_episodes_and_a_restarted_one_continues() -
         resumed = remote.step(logs[2:], first.metadata[2:])
     finally:
         kill(process)
-    local_starts, local_records = play(local, tasks[2:], [2, 3], [scripts[0][:2]] * 2)
+    local_starts, local_records = play(local, tasks[2:], [2, 3], scripts[2:])
     assert [float(r).hex() for r in resumed.rewards] == [episode[1][0] for episode in local_records]
     assert [observation_messages(o) for o in resumed.observations] == [
         episode[1][1] for episode in local_records
     ]
+    assert resumed.info == [episode[1][6] for episode in local_records]  # moves: 2, the replayed one counted
     assert resumed.scored == [True, True]
