@@ -9,7 +9,7 @@ from posttrain.config.schema import GRPOConfig, OptimizerConfig, PolicyConfig, S
 from posttrain.generation.sampling import SamplingParams
 from posttrain.models.actor import ActorPolicy
 from posttrain.rollout.rollout import Trajectory, build_rl_batch
-from posttrain.trainers.grpo import grpo_loss, run_grpo
+from posttrain.trainers.grpo import grpo_loss, positive_tokens, run_grpo
 
 
 def _policy(tiny_model_dir, micro=8, **kw) -> ActorPolicy:
@@ -53,12 +53,16 @@ def test_generation_logprobs_match_training_logprobs(tiny_model_dir, tokenizer, 
 def test_grpo_step_is_split_invariant(tiny_model_dir, tokenizer):
     """In float64 (exact math: a sum split into microbatches; fp32 rounding differs between CPUs)."""
     batch = _sampled_batch(_policy(tiny_model_dir), tokenizer)
+    batch.rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, -1.0, 0.0, 0.0])  # VAPO's positives: 0, 2, 4
     tokens = float(batch.loss_mask.sum())
     results = {}
     for micro in (8, 4, 1):  # 1x8, 2x4 and 8x1
         policy = _policy(tiny_model_dir, micro=micro)
         policy.model.double()  # in place: the optimizer keeps the same parameters
-        loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, kl_beta=0.0, clip_high=0.28)
+        loss_fn = functools.partial(
+            grpo_loss, token_normalizer=tokens, kl_beta=0.0, clip_high=0.28,
+            positive_example_nll_weight=0.1, positive_normalizer=positive_tokens(batch),
+        )  # fmt: skip
         out = policy.train(batch, loss_fn, tokens)
         results[micro] = (out, policy.state_dict_cpu())
     a, pa = results[8]
@@ -67,6 +71,7 @@ def test_grpo_step_is_split_invariant(tiny_model_dir, tokenizer):
         b, pb = results[micro]
         assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-12)
         assert b.loss_metrics["pg_loss"] == pytest.approx(a.loss_metrics["pg_loss"], rel=1e-10, abs=1e-14)
+        assert b.loss_metrics["positive_nll"] == pytest.approx(a.loss_metrics["positive_nll"], rel=1e-12)
         assert b.loss_metrics["token_mult_prob_error"] == pytest.approx(
             a.loss_metrics["token_mult_prob_error"], rel=1e-12
         )

@@ -414,3 +414,104 @@ def test_dpo_preference_loss_weight_and_sft_normalization():
         assert loss == pytest.approx(pref + nll, rel=1e-14), mode
     loss, _ = _dpo(sft_weight=1.0, preference_loss_weight=0.0, sft_normalization="sum")  # SFT only
     assert loss == pytest.approx(4.0, rel=1e-15)
+
+
+# --- item 3: VAPO's positive_example_nll_weight ---------------------------------------------------
+
+# rows: 0 reward 1 (tokens -1, -2), 1 reward 0 (token -3), 2 reward 0.5 (token -0.5; one masked slot)
+VAPO_LP = [[-1.0, -2.0], [-3.0, -7.0], [-0.5, -4.0]]
+VAPO_MASK = [[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]]
+VAPO_REWARDS = [1.0, 0.0, 0.5]
+
+
+def _vapo(rows=(0, 1, 2), positive_normalizer=3.0, **knobs):
+    """On-policy, A = 0: the policy-gradient term is 0 in value and gradient, only the NLL is left."""
+    lp = torch.tensor([VAPO_LP[r] for r in rows], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([VAPO_MASK[r] for r in rows], dtype=torch.float64)
+    positive = torch.tensor([VAPO_REWARDS[r] > 0 for r in rows])
+    loss, metrics = clipped_pg_loss(
+        lp, lp.detach(), torch.zeros(len(rows), dtype=torch.float64), mask, normalizer=4,
+        positive_samples=positive, positive_normalizer=positive_normalizer, **knobs,
+    )  # fmt: skip
+    loss.backward()
+    return loss.item(), metrics, lp.grad.flatten().tolist()
+
+
+def test_positive_example_nll_hand_worked():
+    # positive rows 0 and 2: valid tokens -1, -2, -0.5, N_pos = 3: nll = 3.5 / 3; μ = 0.1
+    loss, metrics, grad = _vapo(positive_example_nll_weight=0.1)
+    assert metrics["positive_nll"] == pytest.approx(3.5 / 3, rel=1e-15)
+    assert loss == pytest.approx(0.1 * 3.5 / 3, rel=1e-15)
+    g = -0.1 / 3  # ∇(μ Σ -log π / N_pos) per positive valid token; nothing elsewhere
+    assert grad == pytest.approx([g, g, 0.0, 0.0, g, 0.0], rel=1e-15)
+    # the same term with CISPO
+    from posttrain.algorithms.policy_loss import cispo_loss
+
+    lp = torch.tensor(VAPO_LP, dtype=torch.float64)
+    _, m = cispo_loss(
+        lp, lp, torch.zeros(3, dtype=torch.float64), torch.tensor(VAPO_MASK, dtype=torch.float64),
+        normalizer=4, positive_example_nll_weight=0.1, positive_samples=torch.tensor([True, False, True]),
+        positive_normalizer=3.0,
+    )  # fmt: skip
+    assert m["positive_nll"] == pytest.approx(3.5 / 3, rel=1e-15)
+
+
+def test_positive_example_nll_boundary_cases():
+    # weight 0 (the default): today's loss, no metric, the positives not even needed
+    loss, metrics, grad = _vapo()
+    assert loss == 0.0 and "positive_nll" not in metrics and grad == [0.0] * 6
+    lp = _lp([-1.0, -2.0])
+    base, _ = clipped_pg_loss(lp, _t([-1.2, -2.0]), torch.tensor([2.0]), torch.ones(1, 2), normalizer=2)
+    same, _ = clipped_pg_loss(
+        lp, _t([-1.2, -2.0]), torch.tensor([2.0]), torch.ones(1, 2), normalizer=2,
+        positive_example_nll_weight=0.0,
+    )  # fmt: skip
+    assert same.item() == base.item()
+    # no positive sample in the whole batch (N_pos = 0): the term is 0 (NeMo RL: correct_valid_toks = 0)
+    loss, metrics, grad = _vapo(rows=(1,), positive_normalizer=0.0, positive_example_nll_weight=0.5)
+    assert loss == 0.0 and metrics["positive_nll"] == 0.0 and grad == [0.0, 0.0]
+    # reward exactly 0 is not positive; a weight > 0 needs the positives and their global count
+    assert not (torch.tensor(VAPO_REWARDS) > 0)[1]
+    with pytest.raises(ValueError, match="positive_normalizer"):
+        _vapo(positive_normalizer=None, positive_example_nll_weight=0.1)
+    with pytest.raises(ValueError, match=">= 0"):
+        _vapo(positive_example_nll_weight=-0.1)
+    with pytest.raises(ValueError):
+        LossConfig(positive_example_nll_weight=-1.0)
+    assert LossConfig().positive_example_nll_weight == 0.0
+
+
+def test_positive_example_nll_is_split_invariant():
+    # microbatches {0} and {1, 2} with the GLOBAL N_pos = 3 sum to the whole batch's term; NeMo RL's
+    # per-microbatch count (2, then 1) would give (3 / 2 + 0.5 / 1) instead of 3.5 / 3
+    whole, _, _ = _vapo(positive_example_nll_weight=0.1)
+    first, _, _ = _vapo(rows=(0,), positive_example_nll_weight=0.1)
+    rest, _, _ = _vapo(rows=(1, 2), positive_example_nll_weight=0.1)
+    assert first + rest == pytest.approx(whole, rel=1e-15)
+    assert first == pytest.approx(0.1 * 3 / 3, rel=1e-15) and rest == pytest.approx(0.1 * 0.5 / 3, rel=1e-15)
+
+
+def test_positive_example_nll_in_the_trainer():
+    # the batch carries the environment's rewards; positive_tokens counts the positive rows' valid
+    # tokens over the whole minibatch; grpo_loss flags reward > 0
+    from posttrain.rollout.rollout import RLBatch, Trajectory, build_rl_batch
+    from posttrain.trainers.grpo import grpo_loss, loss_knobs, positive_tokens
+
+    rows = [Trajectory([5, 6, 7], [0, 1, 1], [0.0, -1.0, -2.0], [], {}, 0, reward=r) for r in VAPO_REWARDS]
+    built = build_rl_batch(rows, torch.zeros(3), 0)
+    assert built.rewards.tolist() == VAPO_REWARDS
+    batch = RLBatch(
+        input_ids=torch.zeros(3, 2, dtype=torch.long),
+        attention_mask=torch.ones(3, 2, dtype=torch.long),
+        loss_mask=torch.tensor(VAPO_MASK),
+        advantages=torch.zeros(3, dtype=torch.float64),
+        generation_logprobs=torch.tensor(VAPO_LP, dtype=torch.float64),
+        rewards=torch.tensor(VAPO_REWARDS),
+    )
+    assert positive_tokens(batch) == 3.0
+    assert positive_tokens(RLBatch(batch.input_ids, batch.attention_mask, batch.loss_mask)) == 0.0
+    knobs = loss_knobs(LossConfig(positive_example_nll_weight=0.1))
+    lp = torch.tensor(VAPO_LP, dtype=torch.float64, requires_grad=True)
+    loss, metrics = grpo_loss(lp, batch, 4.0, token_normalizer=4.0, positive_normalizer=3.0, **knobs)
+    assert loss.item() == pytest.approx(0.1 * 3.5 / 3, rel=1e-15)
+    assert metrics["positive_nll"] == pytest.approx(3.5 / 3, rel=1e-15)

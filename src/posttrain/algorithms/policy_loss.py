@@ -429,6 +429,54 @@ def _check_knob_combinations(
         )
 
 
+def positive_example_nll(
+    logprobs: torch.Tensor, mask: torch.Tensor, positive: torch.Tensor, *, normalizer: float
+) -> torch.Tensor:
+    """VAPO's positive-example NLL (Yue et al. 2025, arXiv:2504.05118, eq. 10; NeMo RL's
+    ``positive_example_nll_weight`` term), this microbatch's share of the global mean:
+
+        nll = sum_{b,t} m_bt p_b (-log π_bt) / N_pos
+
+    p_b = 1 for a sample whose reward is > 0, else 0; N_pos = the valid tokens of positive samples in
+    the GLOBAL batch (all microbatches, all data-parallel ranks), so the term does not depend on how
+    the batch is split (NeMo RL divides by each microbatch's own count). N_pos = 0 (no positive
+    sample anywhere) gives 0. Masked positions are zeroed with ``torch.where``.
+    Shapes: logprobs [B, T], mask [B, T], positive [B] (bool) -> scalar.
+    """
+    if normalizer < 0:
+        raise ValueError(f"positive-token normalizer must be >= 0, got {normalizer}")
+    if positive.shape != logprobs.shape[:1]:
+        raise ValueError(f"positive {tuple(positive.shape)} must be [B], B = {logprobs.shape[0]}")
+    take = mask.to(torch.bool) & positive.to(torch.bool).unsqueeze(-1)
+    total = torch.where(take, -logprobs, torch.zeros_like(logprobs)).sum()
+    return total / normalizer if normalizer > 0 else total * 0.0
+
+
+def _add_positive_nll(
+    loss: torch.Tensor,
+    metrics: dict[str, float],
+    logprobs_z: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    weight: float,
+    positive: torch.Tensor | None,
+    normalizer: float | None,
+) -> torch.Tensor:
+    """loss + weight * ``positive_example_nll`` (metric positive_nll) when weight > 0; loss as is at 0."""
+    if weight < 0:
+        raise ValueError(f"positive_example_nll_weight must be >= 0, got {weight}")
+    if weight == 0:
+        return loss
+    if positive is None or normalizer is None:
+        raise ValueError(
+            "positive_example_nll_weight > 0 needs positive_samples ([B] bool: reward > 0) and "
+            "positive_normalizer (the global count of their valid tokens)"
+        )
+    nll = positive_example_nll(logprobs_z, valid, positive, normalizer=normalizer)
+    metrics["positive_nll"] = nll.item()
+    return loss + weight * nll
+
+
 def clipped_pg_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -454,6 +502,9 @@ def clipped_pg_loss(
     importance_min: float | None = None,
     on_policy_kl_approximation: bool = False,
     token_normalizer: float | None = None,
+    positive_example_nll_weight: float = 0.0,
+    positive_samples: torch.Tensor | None = None,
+    positive_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate policy-gradient loss (PPO, Schulman et al. 2017, arXiv:1707.06347; GRPO,
     arXiv:2402.03300) with the knobs of its variants.
@@ -485,6 +536,10 @@ def clipped_pg_loss(
                   having been drawn by the engine (NeMo RL's use_on_policy_kl_approximation)
 
         loss    = aggregate(l, mask, aggregation, normalizer)      (see ``aggregate``)
+        VAPO    loss += positive_example_nll_weight * ``positive_example_nll`` over the samples
+                  flagged in positive_samples ([B] bool, reward > 0), divided by
+                  positive_normalizer, their valid tokens in the GLOBAL batch (NeMo RL's
+                  positive_example_nll_weight; 0: off, and then the two are not needed)
 
     On-policy shortcut: when the batch gets exactly one update pass, π_old = π and one passes
     ``old_logprobs=logprobs.detach()``; then r = 1 in value and ∇r = ∇log π.
@@ -513,7 +568,8 @@ def clipped_pg_loss(
             dual_clip_fraction (if dual_clip), importance_weight_mean (if importance_correction),
             is_oob_ratio (bounded importance corrections: the share of valid tokens whose
             ratio, or sequence's ratio for seq_mask, lies outside the bounds), and
-            probs_ratio_min / probs_ratio_max (``ratio_extremes``; not shares: min / max).
+            probs_ratio_min / probs_ratio_max (``ratio_extremes``; not shares: min / max),
+            positive_nll (if positive_example_nll_weight > 0: the unweighted VAPO term).
     """
     _check_choice("ratio_level", ratio_level, ("token", "sequence"))
     _check_knob_combinations(generation_logprobs, on_policy_kl_approximation)
@@ -567,6 +623,10 @@ def clipped_pg_loss(
     metrics.update(ratio_extremes(ratio, valid))
     if dual_clip is not None:
         metrics["dual_clip_fraction"] = agg_metric(dual_active)
+    loss = _add_positive_nll(
+        loss, metrics, logprobs_z, valid, weight=positive_example_nll_weight,
+        positive=positive_samples, normalizer=positive_normalizer,
+    )  # fmt: skip
     return loss, metrics
 
 
@@ -592,6 +652,9 @@ def cispo_loss(
     importance_min: float | None = None,
     on_policy_kl_approximation: bool = False,
     token_normalizer: float | None = None,
+    positive_example_nll_weight: float = 0.0,
+    positive_samples: torch.Tensor | None = None,
+    positive_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO: clipped IS-weight policy optimisation (MiniMax-M1, arXiv:2506.13585).
 
@@ -611,7 +674,8 @@ def cispo_loss(
     Metrics: pg_loss, kl (if reference given), clip_fraction (share of valid tokens whose
     weight was clipped; their gradient is bounded, not cut), ratio_mean, and the importance
     metrics of ``clipped_pg_loss``, probs_ratio_min / probs_ratio_max (``ratio_extremes``);
-    ``on_policy_kl_approximation`` as in ``clipped_pg_loss``.
+    ``on_policy_kl_approximation`` and the VAPO term (``positive_example_nll_weight``, metric
+    positive_nll) as in ``clipped_pg_loss``.
     """
     _check_knob_combinations(generation_logprobs, on_policy_kl_approximation)
     _check_common(
@@ -643,6 +707,10 @@ def cispo_loss(
     metrics["clip_fraction"] = agg_metric(clipped)
     metrics["ratio_mean"] = agg_metric(ratio)
     metrics.update(ratio_extremes(ratio, valid))
+    loss = _add_positive_nll(
+        loss, metrics, logprobs_z, valid, weight=positive_example_nll_weight,
+        positive=positive_samples, normalizer=positive_normalizer,
+    )  # fmt: skip
     return loss, metrics
 
 

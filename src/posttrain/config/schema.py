@@ -734,6 +734,13 @@ class LossConfig(Strict):
         "as logprob_error/dropped_sequences. Use it when a few sequences' engine logprobs are broken; "
         "null: off (the error is only logged).",
     )
+    positive_example_nll_weight: float = Field(
+        0.0,
+        ge=0,
+        description="NeMo RL: loss_fn.positive_example_nll_weight (VAPO's μ, e.g. 0.1). Add μ times the "
+        "NLL of the samples whose environment reward is > 0, a mean over their tokens in the whole "
+        "batch. Use it to keep imitating the rare correct answers of a hard task; 0: off.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> LossConfig:

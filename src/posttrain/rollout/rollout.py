@@ -123,13 +123,15 @@ class Rollouts:
 @dataclass
 class RLBatch(TokenBatch):
     """TokenBatch plus advantages [B] and logprobs [B, T] of the generator, π_old and the reference;
-    policy_versions [B] long: the policy version that generated each row (-1: unknown)."""
+    policy_versions [B] long: the policy version that generated each row (-1: unknown); rewards [B]:
+    the environment's reward of each row, before scaling and shaping (VAPO's positive examples)."""
 
     advantages: torch.Tensor | None = None
     generation_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     reference_logprobs: torch.Tensor | None = None
     policy_versions: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
 
 
 def start_episodes(environment: Any, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
@@ -527,6 +529,7 @@ def build_rl_batch(trajectories: list[Trajectory], advantages: torch.Tensor, pad
         advantages=advantages,
         generation_logprobs=gen_lp,
         policy_versions=versions,
+        rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
     )
 
 

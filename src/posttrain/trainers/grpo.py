@@ -115,6 +115,7 @@ def grpo_loss(
     normalizer: float,
     *,
     token_normalizer: float,
+    positive_normalizer: float | None = None,
     policy_loss: str = "clipped_pg",
     **knobs: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -127,8 +128,13 @@ def grpo_loss(
     That holds for rows sampled by π_old's own weights; in async mode stale rows also carry the
     policy's drift, so the trainer replaces both with their values over the fresh rows and reports
     the stale rows' gap apart (`posttrain.trainers.grpo_async.logprob_gap_metrics`).
+
+    VAPO (``positive_example_nll_weight``): the positive samples are the rows whose environment
+    reward (``batch.rewards``) is > 0, ``positive_normalizer`` their valid tokens in the whole
+    minibatch (`positive_tokens`), as the trainer counts them before splitting it.
     """
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+    positive = batch.rewards > 0 if batch.rewards is not None else None
     loss, metrics = POLICY_LOSSES[policy_loss](
         logprobs,
         old,
@@ -138,6 +144,8 @@ def grpo_loss(
         generation_logprobs=batch.generation_logprobs,
         reference_logprobs=batch.reference_logprobs,
         token_normalizer=token_normalizer,
+        positive_samples=positive,
+        positive_normalizer=positive_normalizer,
         **knobs,
     )
     metrics.update(
@@ -146,6 +154,14 @@ def grpo_loss(
         )
     )
     return loss, metrics
+
+
+def positive_tokens(batch: RLBatch) -> float:
+    """VAPO's normaliser: the valid tokens of the rows whose environment reward is > 0, over the
+    whole (mini)batch that the workers split (0 without rewards)."""
+    if batch.rewards is None:
+        return 0.0
+    return float((batch.loss_mask * (batch.rewards > 0).to(batch.loss_mask.dtype)[:, None]).sum())
 
 
 TRAINER_ONLY_LOSS_FIELDS = frozenset({"kl_in_reward", "seq_logprob_error_threshold"})
@@ -683,7 +699,10 @@ class GRPOTrainer:
         with self.timer("training"):
             for mb in minibatches:
                 normalizer, tokens = self.normalizers(mb)
-                loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
+                loss_fn = functools.partial(
+                    grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
+                    **self.loss_fn_knobs,
+                )  # fmt: skip
                 out = self.policy.train(mb, loss_fn, normalizer)
                 accumulate_metrics(
                     metrics, {**out.loss_metrics, "grad_norm": out.grad_norm}, 1 / len(minibatches)

@@ -45,7 +45,7 @@ from posttrain.distributed.critic_group import (
 )
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
 from posttrain.trainers.common import latest_values, save_controller_state
-from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, grpo_loss, scored_reward_metrics
+from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, grpo_loss, positive_tokens, scored_reward_metrics
 
 PLOTS = [
     "reward/mean",
@@ -310,7 +310,10 @@ class PPOTrainer(GRPOTrainer):
         for epoch in range(p.ppo_epochs):
             for mb in self.epoch_minibatches(batch, epoch):
                 normalizer, tokens = self.normalizers(mb)
-                loss_fn = functools.partial(grpo_loss, token_normalizer=tokens, **self.loss_fn_knobs)
+                loss_fn = functools.partial(
+                    grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
+                    **self.loss_fn_knobs,
+                )  # fmt: skip
                 add_mean(metrics, self.policy.train(mb, loss_fn, normalizer), updates)
         return metrics
 
