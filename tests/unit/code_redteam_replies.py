@@ -521,6 +521,18 @@ PROXY_REPLIES: dict[str, tuple[str, str]] = {
         "calls = []\nclass Mine(BaseException):\n    pass\ndef sort_third(l):\n    calls.append(1)\n"
         "    raise (KeyboardInterrupt, SystemExit, GeneratorExit, Mine)[len(calls) % 4]()\n",
     ),
+    "HumanEval/53: swaps the session's json for one whose frames nest 900 deep": (
+        "he53",
+        "import json, sys, types\ndeep = lambda *a, **k: '[' * 900 + ']' * 900\n"
+        "sys._getframe(1).f_globals['_json'] = types.SimpleNamespace(dumps=deep, loads=json.loads)\n"
+        "def add(x, y):\n    return None\n",
+    ),
+    "HumanEval/44: frame walk replaces the session's call function: '22' for every call": (
+        "he44",
+        "import os, sys\ng = sys._getframe(1).f_globals\n"
+        f"g['__posttrain_call__'] = lambda text: os.write(1, b'\\n{TAG} [[\"S\", \"22\"]]\\n')\n"
+        "def change_base(x, base):\n    return None\n",
+    ),
 }
 REPLIES.update(PROXY_REPLIES)
 

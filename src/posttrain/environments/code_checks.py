@@ -12,7 +12,8 @@ The tagged encoding keeps Python's plain types apart, exactly:
 float (`float.hex`: exact, inf and nan included), `["S", "..."]` str, `["L", [...]]` list,
 `["T", [...]]` tuple, `["E", [...]]` set, `["Z", [...]]` frozenset, `["D", [[k, v], ...]]` dict, and
 `["X", "why"]` for a call that raised or returned anything else (an object of another type, a
-subclass of a plain type, so nothing with its own `__eq__` crosses).
+subclass of a plain type, so nothing with its own `__eq__` crosses). The proxy verdict
+(`code_proxy`) carries each call's arguments and output in the same encoding.
 
 The host (`parse_outputs`) reads only the LAST frame line of stdout; it must end with a newline,
 parse as JSON, hold exactly one value per call, and each value must decode under the size and
@@ -73,7 +74,7 @@ class Failed:
 
 
 class Unsupported(ValueError):
-    """A test the host cannot decide (it runs in the sandbox instead)."""
+    """A test the host cannot decide (the proxy verdict, `code_proxy`, takes it instead)."""
 
 
 _FOLD = {
@@ -187,7 +188,8 @@ def _humaneval_checks(test_setup: str, entry: str) -> list[Check]:
 
 def host_checks(task: dict[str, Any]) -> list[list[Check]] | None:
     """The checks of each of the task's tests when every test can be decided on the host (see the
-    module docstring), else None (the tests then run in the sandbox). Every test has >= 1 check."""
+    module docstring), else None (the tests then go to the proxy verdict, `code_proxy`). Every test
+    has >= 1 check."""
     entry, tests = task.get("entry_point") or "", list(task.get("tests") or [])
     setup = task.get("test_setup") or ""
     if not entry.isidentifier() or not tests:

@@ -30,6 +30,7 @@ import builtins
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ from posttrain.environments.code_checks import (
     MAX_DEPTH,
     MAX_HEX_DIGITS,
     OUTPUTS_TAG,
+    decode_output,
     frame_values,
 )
 
@@ -209,8 +211,19 @@ class _Caller:
         if result.status != "ok":
             self.why = self.why or f"a call ended with status {result.status}; the session is over"
             return {"failed": self.why}
-        values = frame_values(result.stdout, 1)
-        return {"output": values[0]} if values is not None else {"failed": "no outputs frame"}
+        return _answer(frame_values(result.stdout, 1))
+
+
+def _answer(values: list[Any] | None) -> dict[str, Any]:
+    """The answer for a call's frame values: the tagged output when it decodes (so it is at most
+    MAX_DEPTH deep and relays safely; the trusted process decodes it again), else why not."""
+    if values is None:
+        return {"failed": "no outputs frame"}
+    try:
+        decode_output(values[0])
+    except Exception as e:  # noqa: BLE001 - hostile data, any way it breaks
+        return {"failed": f"a malformed output ({type(e).__name__})"}
+    return {"output": values[0]}
 
 
 class _Trusted:
@@ -225,7 +238,11 @@ class _Trusted:
             start_new_session=True,
         )
         self.buf = bytearray()
-        self.send(spec)
+        try:
+            self.send(spec)
+        except BaseException:
+            self.close()
+            raise
 
     def send(self, message: Any) -> None:
         """One message to the process (it is reading: it waits for the task or a call's answer)."""
@@ -259,7 +276,7 @@ class _Trusted:
     def close(self) -> None:
         """Kill the process group and reap."""
         try:
-            os.killpg(self.popen.pid, 9)
+            os.killpg(self.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self.popen.wait()

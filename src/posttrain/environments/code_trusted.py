@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -107,7 +108,10 @@ def candidate_proxy(entry: str, ask: Callable[[Any], Any], checks: ModuleType) -
             tagged = [enc(args, 0, [1_000_000]), enc(kwargs, 0, [1_000_000])]
         except ValueError as e:
             raise CandidateError(f"the arguments are not plain data: {e}") from None
-        answer = ask(tagged)
+        try:
+            answer = ask(tagged)
+        except Exception as e:  # noqa: BLE001 - the parent is gone or its answer did not parse
+            raise CandidateError(f"no answer for the call ({type(e).__name__})") from None
         if type(answer) is not dict or "output" not in answer:
             why = answer.get("failed") if type(answer) is dict else None
             raise CandidateError(str(why or "no output")[:500])
@@ -172,9 +176,12 @@ def main() -> None:
     _limit(int(spec["memory_mb"]), int(spec["cpu_s"]))
     checks = checks_module()
 
+    lock = threading.Lock()  # a test that calls from threads: one exchange at a time
+
     def ask(tagged: Any) -> Any:
-        write_message(to_parent, {"call": tagged})
-        return read_message(from_parent)
+        with lock:
+            write_message(to_parent, {"call": tagged})
+            return read_message(from_parent)
 
     try:
         done = run_tests(spec, ask, checks)
