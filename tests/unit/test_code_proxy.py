@@ -235,3 +235,17 @@ g['_write'] = forge(g['_write'], g['TAG'])
 def square(x):
     return None
 """
+
+
+def test_a_sandbox_that_cannot_open_a_session_leaves_the_sample_unscored() -> None:
+    """A closed pool (any SandboxError) is not the reply's fault: scored=False, reward 0."""
+    e = CodeEnvironment()
+    try:
+        pool = e.pool()
+    except SandboxError as err:
+        pytest.skip(f"no isolating sandbox backend here: {err}")
+    pool.close()
+    r = e.step([reply(GOOD)], [LOOP])
+    assert r.scored == [False] and r.rewards == [0.0] and r.info[0]["verdict"] == "proxy"
+    assert r.info[0]["status"] == "sandbox_error" and "closed" in r.info[0]["sandbox_error"]
+    e._pool = None
