@@ -254,3 +254,26 @@ def test_recompute_and_kept_softmax_agree_under_bf16_autocast():
     w = head.weight.detach().abs()
     assert ((h0 - h1).abs() <= 4 * eps * (grad_z @ w) + 1e-6).all()
     assert ((w0 - w1).abs() <= 4 * eps * (grad_z.T @ hidden.abs()) + 1e-6).all()
+
+
+def test_backward_holds_one_chunk_of_logit_gradients_at_a_time(monkeypatch):
+    """Each chunk's [chunk, V] logit gradient is released before the next chunk's is made, so
+    backward's peak is one chunk's whatever the number of rows."""
+    import weakref
+
+    from posttrain.models import fused_head
+
+    made, alive_at_call = [], []
+    original = fused_head._logits_grad_chunk
+
+    def tracked(*args):
+        alive_at_call.append(sum(ref() is not None for ref in made))
+        grad = original(*args)
+        made.append(weakref.ref(grad))
+        return grad
+
+    monkeypatch.setattr(fused_head, "_logits_grad_chunk", tracked)
+    hidden = torch.randn(40, 4, requires_grad=True)
+    head = torch.nn.Linear(4, 30, bias=False)
+    chunked_logprobs(hidden, torch.randint(0, 30, (40,)), head, 8).sum().backward()
+    assert alive_at_call == [0] * 5

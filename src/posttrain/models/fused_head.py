@@ -324,4 +324,5 @@ def head_backward(
                 grad_w.addmm_(grad_z.T, h, alpha=inv_t)
             else:  # autocast: the matmul in its dtype, the sum in the weight's
                 grad_w.add_((grad_z.T @ h).to(grad_w.dtype), alpha=inv_t)
+        del grad_z  # before the next chunk's is made: one [chunk, V] buffer at a time
     return grad_h, grad_w, grad_b
