@@ -51,3 +51,31 @@ def test_recipe_runs_a_step(recipe: str, tiny_model_dir: Path, tmp_path: Path) -
     [step] = [r for r in rows if "reward/mean" in r]
     assert step["step"] == 1 and RECIPES[recipe] in step
     assert 0.0 <= step["reward/mean"] <= 1.0 and step["episode/turns_mean"] >= 1
+
+
+def test_gdpo_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """examples/configs/grpo_gdpo.yaml: the math_format environment's two named rewards reach the
+    gdpo advantage (each component's mean logged, the reward their sum, at most 1 + 0.2)."""
+    run_dir = tmp_path / "run"
+    args = [
+        "grpo",
+        "--config",
+        "examples/configs/grpo_gdpo.yaml",
+        f"policy.model_name={tiny_model_dir}",
+        "data.train.reasoning_gym.size=8",
+        "data.validation.reasoning_gym.size=2",
+        "grpo.max_steps=1",
+        "grpo.prompts_per_step=2",
+        "grpo.generations_per_prompt=2",
+        "grpo.val_every=1",
+        "generation.max_new_tokens=6",
+        "cluster.backend=local",
+        "logging.tensorboard=false",
+        f"logging.run_dir={run_dir}",
+    ]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    [step] = [r for r in rows if "reward/mean" in r]
+    parts = step["reward/correct/mean"] + step["reward/format/mean"]
+    assert step["reward/mean"] == pytest.approx(parts, abs=1e-6) and 0.0 <= parts <= 1.2
+    assert "env/format_rate" in step and "pg_loss" in step

@@ -241,7 +241,7 @@ def test_vectorised_matches_per_group_loop(name):
 
 
 def test_registry_and_unknown_name():
-    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp"}
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gdpo"}
     _close(compute_advantages("grpo", R3, ONE_GROUP, eps=0.0), [1.0, -1.0, 0.0])
     with pytest.raises(ValueError, match="Did you mean 'rloo'"):
         compute_advantages("rlo", R3, ONE_GROUP)
@@ -324,6 +324,9 @@ UNSCORED_CASES = [
     ("rloo", {}, -0.1),
     ("reinforce_pp", {}, -0.05 / (STD_089 + 1e-6)),  # batch of the two trainable samples
     ("reinforce_pp", {"group_baseline": True}, -0.05 / (STD_089 + 1e-6)),
+    # components 0.8 / 0.9 and 0 / 1 in group 0: A = [-x - y, x + y] (x, y the two grpo values),
+    # batch-normalised over the two trainable samples: mean 0, Bessel std sqrt(2) (x + y)
+    ("gdpo", {"components": torch.stack([UNSCORED_R, torch.eye(8)[1]], dim=1)}, -1 / math.sqrt(2)),
 ]
 
 

@@ -14,7 +14,8 @@ estimator; the decision is made on the range, never on a rounded std (see ``grou
 Group statistics are computed in float64.
 
 Registry: ``ADVANTAGE_ESTIMATORS[name]`` with ``name`` in ``"grpo"``, ``"dr_grpo"``, ``"rloo"``,
-``"reinforce_pp"``; ``compute_advantages(name, rewards, group_ids, scored=..., **kwargs)`` dispatches,
+``"reinforce_pp"``, ``"gdpo"`` (several named reward components, ``components=[N, K]``);
+``compute_advantages(name, rewards, group_ids, scored=..., **kwargs)`` dispatches,
 on the ``trainable_samples`` only when told which samples were scored (docs/algorithms.md).
 Around them: ``scale_rewards`` (NeMo RL's reward scaling), ``kl_penalized_rewards`` /
 ``kl_penalized_returns`` (the KL to a reference as a reward penalty) and ``clip_advantages``.
@@ -25,7 +26,7 @@ The teacher's per-token advantage (``advantage.estimator=on_policy_distill``) is
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -205,6 +206,65 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
     return grpo_advantages(rewards, group_ids, normalize_std=False, leave_one_out=True)
 
 
+def gdpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    components: torch.Tensor,
+    weights: Sequence[float] | None = None,
+    normalize_std: bool = True,
+    leave_one_out: bool = False,
+    leave_one_out_std: bool = False,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GDPO, the multi-reward estimator (Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization
+    Policy Optimization", arXiv:2601.05242; NeMo RL's ``GDPOAdvantageEstimator``).
+
+        A_ik = grpo_advantages(c_k, group_ids, normalize_std, leave_one_out, leave_one_out_std, eps)_i
+        S_i  = sum_k w_k A_ik
+        A_i  = (S_i - mean(S)) / std(S)          mean and std over the batch passed in (Bessel, N - 1);
+                                                 std = 0 or N = 1: A_i = S_i - mean(S), as NeMo RL
+
+    Each reward component c_k = components[:, k] is normalised within its group apart from the
+    others, so a component with a small spread (a format reward) is not drowned by a large one
+    (correctness), as it is in the group std of their sum (GRPO). A group where a component has no
+    spread gets A_ik = 0 for it (``grpo_advantages``); after the batch normalisation a sample of a
+    group with no spread in any component gets -mean(S) / std(S), not 0 (NeMo RL's as well).
+
+    ``rewards`` (the scalar reward, the components' sum) is not used: it keeps the registry's
+    signature. Call this on the whole batch (``compute_advantages(scored=...)`` leaves out the samples
+    that cannot train first). Computed in float64, returned in the rewards' float dtype.
+
+    Args:
+        components: [N, K] float, K >= 2 named parts of each sample's reward.
+        weights: K weights w_k (None: all 1); a uniform scale changes nothing after the normalisation.
+    Returns:
+        [N] advantages.
+    """
+    out_dtype = _as_float(rewards).dtype
+    if components.dim() != 2 or components.shape[0] != group_ids.shape[0]:
+        raise ValueError(f"components {tuple(components.shape)} must be [N, K], N = {group_ids.shape[0]}")
+    k = components.shape[1]
+    if k < 2:
+        raise ValueError(
+            f"GDPO needs at least two reward components, got {k}; with one, use advantage.estimator=grpo"
+        )
+    w = [1.0] * k if weights is None else [float(x) for x in weights]
+    if len(w) != k:
+        raise ValueError(f"{len(w)} GDPO weights for {k} reward components")
+    c = components.to(torch.float64)
+    total = torch.zeros(c.shape[0], dtype=torch.float64)
+    for j in range(k):
+        part = grpo_advantages(
+            c[:, j], group_ids, normalize_std=normalize_std, leave_one_out=leave_one_out,
+            leave_one_out_std=leave_one_out_std, eps=eps,
+        )  # fmt: skip
+        total = total + w[j] * part
+    centred = total - total.mean() if total.numel() else total
+    std = centred.std() if centred.numel() > 1 else centred.new_zeros(())
+    return (centred / std if std > 0 else centred).to(out_dtype)
+
+
 def kl_penalized_rewards(
     rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, *, kl_beta: float
 ) -> torch.Tensor:
@@ -363,6 +423,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
     "dr_grpo": dr_grpo_advantages,
     "rloo": rloo_advantages,
     "reinforce_pp": reinforce_pp_advantages,
+    "gdpo": gdpo_advantages,
 }
 
 

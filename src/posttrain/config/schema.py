@@ -820,11 +820,14 @@ class RewardScalingConfig(Strict):
 class AdvantageConfig(Strict):
     """Advantages from rewards (see posttrain.algorithms.advantages and docs/algorithms.md)."""
 
-    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "on_policy_distill"] = Field(
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "on_policy_distill", "gdpo"] = Field(
         "grpo",
         description="on_policy_distill: per-token A_t = distill_coef * (log pi_T(a_t) - log pi_S(a_t)) from "
         "a teacher (the `teacher` section), plus distill_reward_weight times the grpo advantage of the "
-        "environment's rewards.",
+        "environment's rewards. gdpo (NeMo RL: adv_estimator.name=gdpo): the grpo advantage of each "
+        "named reward component of the environment apart (normalize_std, leave_one_out, "
+        "leave_one_out_std apply), their reward_weights sum, normalised over the batch; for an "
+        "environment with several rewards of different spreads (correctness and format).",
     )
     normalize_std: bool = Field(True, description="grpo: divide by the group's reward std.")
     leave_one_out: bool = Field(
@@ -852,6 +855,12 @@ class AdvantageConfig(Strict):
         "G > 1 samples per prompt); false: the batch mean only (plain REINFORCE++).",
     )
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
+    reward_weights: dict[str, float] | None = Field(
+        None,
+        description="NeMo RL: adv_estimator.reward_weights (a list there, in the components' "
+        "alphabetical order; here by name). gdpo: the weight of each reward component's advantage, "
+        "every component named; null: all 1.",
+    )
     distill_coef: float = Field(
         1.0, gt=0, description="on_policy_distill: weight of the teacher-minus-student log-probability."
     )
@@ -884,7 +893,11 @@ class AdvantageConfig(Strict):
             config_warning(
                 f"advantage.minus_baseline applies to estimator=reinforce_pp; {self.estimator} ignores it"
             )
-        if self.estimator not in ("grpo", "on_policy_distill") and (
+        if self.reward_weights is not None and self.estimator != "gdpo":
+            config_warning(
+                f"advantage.reward_weights apply to estimator=gdpo only; {self.estimator} ignores them"
+            )
+        if self.estimator not in ("grpo", "on_policy_distill", "gdpo") and (
             self.leave_one_out or self.leave_one_out_std or not self.normalize_std
         ):
             config_warning(
@@ -1152,6 +1165,27 @@ class GRPOConfig(RLChecks):
             config_warning(
                 f"advantage.estimator=dr_grpo with loss.aggregation={aggregation}: Dr.GRPO removes both the "
                 "std and the per-sequence length normalisation; set loss.aggregation=seq_mean_token_sum"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _gdpo_takes_the_components_as_given(self) -> GRPOConfig:
+        """gdpo normalises the environment's reward components; shaping that moves the scalar reward
+        (scaling, truncation and overlong penalties, the KL in the reward) would not reach them."""
+        if self.advantage.estimator != "gdpo":
+            return self
+        shaping = {
+            "advantage.reward_scaling.enabled": self.advantage.reward_scaling.enabled,
+            "dapo.stop_properly_penalty_coef": self.dapo.stop_properly_penalty_coef is not None,
+            "dapo.overlong_buffer": self.dapo.overlong_buffer is not None,
+            "loss.kl_in_reward": self.loss.kl_in_reward,
+        }
+        used = [key for key, on in shaping.items() if on]
+        if used:
+            raise ValueError(
+                f"advantage.estimator=gdpo normalises the environment's reward components as they come; "
+                f"{', '.join(used)} shape(s) the scalar reward only and would be ignored: turn it off, "
+                "or use estimator=grpo"
             )
         return self
 

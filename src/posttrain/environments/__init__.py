@@ -25,6 +25,7 @@ from posttrain.environments.interface import (
 )
 from posttrain.environments.judge import JudgeEnvironment
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
+from posttrain.environments.math_format import MathFormatEnvironment
 from posttrain.environments.openenv_env import OpenEnvEnvironment
 from posttrain.environments.python_tool import PythonToolEnvironment
 from posttrain.environments.reasoning_gym_env import ReasoningGymEnvironment
@@ -45,6 +46,7 @@ __all__ = [
     "EpisodeStart",
     "JudgeEnvironment",
     "MathEnvironment",
+    "MathFormatEnvironment",
     "OpenEnvEnvironment",
     "Message",
     "PythonToolEnvironment",

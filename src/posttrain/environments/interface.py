@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -69,6 +70,10 @@ class EnvStepResult:
     stop_strings: per sample, extra stop strings for its next turn (None: the configured ones).
     response_prefixes: per sample, the response prefix of its next turn and the ones after it
         (None: keep the episode's, see `EpisodeStart.response_prefix`; "" drops it).
+    reward_components: per sample, named parts of this turn's reward, e.g. {"correct": 1.0,
+        "format": 0.1}, for advantage.estimator=gdpo, which normalises each part apart; {}: none.
+        Where given, the reward must be their sum (NeMo RL's contract, checked here: GRPO and GDPO
+        read the same total). Default: {} for every sample.
     """
 
     rewards: list[float]
@@ -79,6 +84,7 @@ class EnvStepResult:
     scored: list[bool] = field(default_factory=list)
     stop_strings: list[tuple[str, ...] | None] = field(default_factory=list)
     response_prefixes: list[str | None] = field(default_factory=list)
+    reward_components: list[dict[str, float]] = field(default_factory=list)
 
     @classmethod
     def final(
@@ -94,12 +100,15 @@ class EnvStepResult:
         self.scored = self.scored or [True] * n
         self.stop_strings = self.stop_strings or [None] * n
         self.response_prefixes = self.response_prefixes or [None] * n
+        self.reward_components = self.reward_components or [{} for _ in range(n)]
         lengths = {f.name: len(getattr(self, f.name)) for f in dataclasses.fields(self)}
         if len(set(lengths.values())) != 1:
             raise ValueError(
                 "EnvStepResult fields must all have one entry per sample; got lengths "
                 + " ".join(f"{k}={v}" for k, v in lengths.items())
             )
+        for i, (reward, parts) in enumerate(zip(self.rewards, self.reward_components, strict=True)):
+            check_reward_components(i, reward, parts)
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -116,6 +125,24 @@ class EnvStepResult:
             scored=[s for x in results for s in x.scored],
             stop_strings=[s for x in results for s in x.stop_strings],
             response_prefixes=[p for x in results for p in x.response_prefixes],
+            reward_components=[c for x in results for c in x.reward_components],
+        )
+
+
+def check_reward_components(index: int, reward: float, parts: dict[str, float]) -> None:
+    """Raise ValueError unless `parts` is empty or its values sum to `reward` (NeMo RL's tolerance:
+    relative 1e-5, absolute 1e-6) with string names."""
+    if not parts:
+        return
+    if not all(isinstance(name, str) and name for name in parts):
+        raise ValueError(
+            f"sample {index}: reward component names must be non-empty strings, got {list(parts)}"
+        )
+    total = sum(float(v) for v in parts.values())
+    if not math.isclose(float(reward), total, rel_tol=1e-5, abs_tol=1e-6):
+        raise ValueError(
+            f"sample {index}: reward {reward} but its reward_components {parts} sum to {total}; an "
+            "environment with named components must set the reward to their sum"
         )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -49,6 +50,8 @@ class Trajectory:
     input_ids / loss_mask / generation_logprobs: [T] each; loss_mask 1 on generated tokens.
     turn_spans: per turn, the [start, end) positions of its generated tokens in input_ids.
     turn_rewards: per turn, the environment's reward; `reward` is their sum.
+    reward_components: the episode's named reward parts (`EnvStepResult.reward_components`), each
+        summed over its turns; {} when the environment names none.
     observation_tokens: tokens the environment's observations (and their template) added.
     scored: False when the environment could not score the episode: left out of the loss.
     stop_reason: "done" (the environment ended it), "max_turns", or "truncated" (max_new_tokens
@@ -72,6 +75,7 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
+    reward_components: dict[str, float] = field(default_factory=dict)
     observation_tokens: int = 0
     scored: bool = True
     stop_reason: str = ""
@@ -118,6 +122,22 @@ class Rollouts:
 
     def select(self, keep: list[int]) -> Rollouts:
         return Rollouts([self.trajectories[i] for i in keep], self.env_metrics)
+
+    def reward_components(self) -> tuple[list[str], torch.Tensor]:
+        """(names, [N, K] float64): the named reward parts of every episode (GDPO), the names sorted
+        over all episodes; a part an episode lacks counts 0 (an episode cut before the turn that
+        names them). Holds for every scored episode: its reward is the sum of its parts, else
+        ValueError (a turn paid a reward that no component names)."""
+        names = sorted({name for t in self.trajectories for name in t.reward_components})
+        for i, t in enumerate(self.trajectories):
+            total = sum(t.reward_components.values())
+            if t.scored and names and not math.isclose(t.reward, total, rel_tol=1e-5, abs_tol=1e-6):
+                raise ValueError(
+                    f"episode {i} has reward {t.reward} but its reward components "
+                    f"{t.reward_components} sum to {total}: a turn paid a reward no component names"
+                )
+        rows = [[t.reward_components.get(name, 0.0) for name in names] for t in self.trajectories]
+        return names, torch.tensor(rows, dtype=torch.float64).reshape(len(self.trajectories), len(names))
 
 
 @dataclass
@@ -358,6 +378,8 @@ def apply_step(
     the episode (done, truncated, or out of turns) or the observation's tokens for the next turn."""
     t.reward += result.rewards[j]
     t.turn_rewards.append(result.rewards[j])
+    for name, value in result.reward_components[j].items():
+        t.reward_components[name] = t.reward_components.get(name, 0.0) + float(value)
     t.metadata = result.metadata[j]
     t.info = result.info[j] if result.info else {}
     t.scored = t.scored and result.scored[j]

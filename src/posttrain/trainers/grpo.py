@@ -191,9 +191,13 @@ def rl_advantages(
     teacher_logprobs: torch.Tensor | None = None,
     student_logprobs: torch.Tensor | None = None,
     scored: torch.Tensor | None = None,
+    components: tuple[list[str], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Advantages for the configured estimator, [N] (or [N, T] for reinforce_pp with a KL reward and
     for on_policy_distill).
+
+    gdpo: ``components`` = (names, [N, K]) from ``Rollouts.reward_components``, each weighted by
+    ``advantage.reward_weights[name]`` (``gdpo_weights``); ``rewards`` is then unused.
 
     ``scored`` ([N] bool, ``Rollouts.scored``): baselines, stds and batch normalisations use the
     scored samples only, and a sample that is unscored or in a group with fewer than two scored
@@ -228,6 +232,16 @@ def rl_advantages(
             teacher_logprobs, student_logprobs, mask, advantages=env, coefficient=adv.distill_coef
         )
         return clip_advantages(advantages, adv.clip, low=adv.clip_low, high=adv.clip_high)
+    if adv.estimator == "gdpo":
+        if components is None:
+            raise ValueError("advantage.estimator=gdpo needs the episodes' reward components")
+        names, matrix = components
+        advantages = compute_advantages(
+            "gdpo", rewards, group_ids, scored=scored, components=matrix,
+            weights=gdpo_weights(names, adv.reward_weights), normalize_std=adv.normalize_std,
+            leave_one_out=adv.leave_one_out, leave_one_out_std=adv.leave_one_out_std,
+        )  # fmt: skip
+        return clip_advantages(advantages, adv.clip, low=adv.clip_low, high=adv.clip_high)
     if adv.estimator == "reinforce_pp":
         advantages = compute_advantages(
             "reinforce_pp", rewards, group_ids, scored=scored, kl=kl, mask=mask, kl_beta=kl_beta,
@@ -247,6 +261,35 @@ def rl_advantages(
         )
         advantages = compute_advantages(adv.estimator, rewards, group_ids, scored=scored, **kwargs)
     return clip_advantages(advantages, adv.clip, low=adv.clip_low, high=adv.clip_high)
+
+
+def gdpo_weights(names: list[str], weights: dict[str, float] | None) -> list[float]:
+    """The weight of each named reward component, in `names`' order (None: all 1). ValueError
+    unless `weights` names exactly the components the environment returned, and at least two."""
+    if len(names) < 2:
+        raise ValueError(
+            f"advantage.estimator=gdpo needs an environment that returns at least two named reward "
+            f"components (EnvStepResult.reward_components); this batch has {names or 'none'}. "
+            "Use estimator=grpo for one reward"
+        )
+    if weights is None:
+        return [1.0] * len(names)
+    if set(weights) != set(names):
+        raise ValueError(
+            f"advantage.reward_weights names {sorted(weights)}, the environment's reward components are "
+            f"{names}: give one weight per component"
+        )
+    return [float(weights[name]) for name in names]
+
+
+def component_reward_metrics(
+    names: list[str], matrix: torch.Tensor, scored: torch.Tensor
+) -> dict[str, float]:
+    """reward/<name>/mean for each named reward component, over the scored samples (0 when none)."""
+    rows = matrix[scored.to(torch.bool)]
+    return {
+        f"reward/{name}/mean": float(rows[:, k].mean()) if len(rows) else 0.0 for k, name in enumerate(names)
+    }
 
 
 def scored_reward_metrics(rewards: torch.Tensor, scored: torch.Tensor) -> dict[str, float]:
@@ -617,6 +660,9 @@ class GRPOTrainer:
             tokens = m.sum().clamp(min=1)
             metrics["distill/teacher_logprob"] = float((teacher_lp * m).sum() / tokens)
             metrics["distill/reverse_kl"] = float(((student_lp - teacher_lp) * m).sum() / tokens)
+        components = rollouts.reward_components() if cfg.advantage.estimator == "gdpo" else None
+        if components is not None:
+            metrics.update(component_reward_metrics(*components, rollouts.scored))
         batch.advantages = rl_advantages(
             cfg.advantage,
             rewards,
@@ -627,6 +673,7 @@ class GRPOTrainer:
             teacher_logprobs=teacher_lp,
             student_logprobs=student_lp,
             scored=rollouts.scored,
+            components=components,
         )
         if cfg.advantage.estimator != "on_policy_distill":  # the teacher's signal needs no group
             trainable = trainable_samples(rollouts.group_ids, rollouts.scored)
