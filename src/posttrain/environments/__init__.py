@@ -32,6 +32,7 @@ from posttrain.environments.reasoning_gym_env import ReasoningGymEnvironment
 from posttrain.environments.reward_funcs import RewardFuncsEnvironment
 from posttrain.environments.reward_model import RewardModelEnvironment
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
+from posttrain.environments.text2sql import Text2SQLEnvironment
 from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
 from posttrain.environments.tools import ToolEnvironment, ToolRegistry
 
@@ -55,6 +56,7 @@ __all__ = [
     "RewardFuncsEnvironment",
     "RewardModelEnvironment",
     "SlidingPuzzleEnvironment",
+    "Text2SQLEnvironment",
     "TimeoutPool",
     "ToolEnvironment",
     "ToolRegistry",

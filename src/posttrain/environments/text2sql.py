@@ -1,0 +1,261 @@
+"""Text-to-SQL on SQLite (Python's own `sqlite3`): a generated database, a question, a gold query.
+
+A task is `{"db_seed": int, "question": str, "gold": str, "ordered": bool}` (`generate_tasks`, which keeps only
+questions whose gold result is not empty: an empty answer would pay any query that returns nothing). The
+database of a `db_seed` is built deterministically (a `staff` and a `products` table with rows drawn
+from the seed) into a file of the environment's own temporary folder. The model answers with one
+SELECT in a ```sql fenced block (the last block outside `<think>`). Reward 1 when the reply's result
+set equals the gold query's, else 0:
+
+- results compare as multisets of rows (order-insensitive) unless the task is `ordered` (the
+  question asks for an order), then as lists; a float is compared rounded to 6 decimals;
+- the reply runs on a read-only connection (`file:...?mode=ro` and `PRAGMA query_only`) under an
+  authorizer that allows reading only (SELECT, reads, functions, recursive CTEs): writes, ATTACH,
+  PRAGMA and every other action are denied and score 0;
+- one statement only (sqlite3 refuses several), and a query (a statement with result columns); at most
+  `max_rows` rows, strings and blobs of at most `MAX_VALUE_BYTES`;
+- a query running longer than `timeout_s` is interrupted by a progress handler and scores 0.
+
+A reply without a ```sql block scores 0 (no guessing of SQL in prose). Single turn.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from posttrain.environments.interface import (
+    EnvStepResult,
+    EpisodeStart,
+    Message,
+    last_assistant_content,
+    register_environment,
+)
+from posttrain.environments.math import strip_think
+
+SCHEMA = (
+    "CREATE TABLE staff (id INTEGER PRIMARY KEY, name TEXT NOT NULL, dept TEXT NOT NULL, "
+    "salary INTEGER NOT NULL, hired INTEGER NOT NULL)",
+    "CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, category TEXT NOT NULL, "
+    "price REAL NOT NULL, stock INTEGER NOT NULL)",
+)
+DEPTS = ("sales", "research", "support", "finance")
+CATEGORIES = ("tools", "garden", "kitchen", "toys")
+NAMES = ("Ada", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea", "Max", "Nia")
+ALLOWED_ACTIONS = frozenset(
+    {
+        sqlite3.SQLITE_SELECT,
+        sqlite3.SQLITE_READ,
+        sqlite3.SQLITE_FUNCTION,
+        getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+    }
+)
+MAX_VALUE_BYTES = 1_000_000
+"""Longest string or blob a query may make."""
+_SQL_BLOCK = re.compile(r"```sql\s*\n?(.*?)```", re.IGNORECASE | re.DOTALL)
+
+
+def build_database(path: Path, db_seed: int) -> None:
+    """Write the database of `db_seed` to `path`: 8-12 staff rows and 8-12 product rows, distinct
+    salaries and prices (so "highest" questions have one answer)."""
+    rng = random.Random(db_seed)
+    with sqlite3.connect(path) as db:
+        for statement in SCHEMA:
+            db.execute(statement)
+        salaries = rng.sample(range(30, 120), rng.randint(8, 12))
+        for i, salary in enumerate(salaries, start=1):
+            row = (i, rng.choice(NAMES), rng.choice(DEPTS), salary * 1000, rng.randint(2010, 2024))
+            db.execute("INSERT INTO staff VALUES (?, ?, ?, ?, ?)", row)
+        prices = rng.sample(range(100, 5000), rng.randint(8, 12))
+        for i, cents in enumerate(prices, start=1):
+            row = (i, f"item{i}", rng.choice(CATEGORIES), cents / 100, rng.randint(0, 50))
+            db.execute("INSERT INTO products VALUES (?, ?, ?, ?, ?)", row)
+    db.close()
+
+
+def draw_question(rng: random.Random) -> tuple[str, str, bool]:
+    """(question, gold query, ordered) from a handful of templates."""
+    dept, category = rng.choice(DEPTS), rng.choice(CATEGORIES)
+    k, salary, stock = rng.randint(2, 4), rng.randint(4, 10) * 10_000, rng.randint(5, 40)
+    templates = [
+        (f"How many staff work in {dept}?", f"SELECT COUNT(*) FROM staff WHERE dept = '{dept}'", False),
+        (
+            f"List the ids of staff earning more than {salary}.",
+            f"SELECT id FROM staff WHERE salary > {salary}",
+            False,
+        ),
+        (
+            f"List the ids of the {k} best-paid staff, best-paid first.",
+            f"SELECT id FROM staff ORDER BY salary DESC LIMIT {k}",
+            True,
+        ),
+        (
+            f"What is the average price of products in the {category} category?",
+            f"SELECT AVG(price) FROM products WHERE category = '{category}'",
+            False,
+        ),
+        (
+            f"List the names of products with fewer than {stock} in stock, cheapest first.",
+            f"SELECT name FROM products WHERE stock < {stock} ORDER BY price ASC",
+            True,
+        ),
+        (
+            "For each department, how many staff does it have? Give department and count.",
+            "SELECT dept, COUNT(*) FROM staff GROUP BY dept",
+            False,
+        ),
+    ]
+    return rng.choice(templates)
+
+
+def extract_sql(reply: str) -> str | None:
+    """The last ```sql block of the reply outside its `<think>` reasoning, stripped; None without one."""
+    blocks = _SQL_BLOCK.findall(strip_think(reply))
+    return blocks[-1].strip() if blocks else None
+
+
+def _authorize(action: int, *args: Any) -> int:
+    return sqlite3.SQLITE_OK if action in ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def run_query(path: Path, sql: str, *, timeout_s: float, max_rows: int) -> list[tuple]:
+    """The rows of `sql` on a read-only connection to `path`, reading only (see the module docstring);
+    raises `sqlite3.Error` or `ValueError` for a query that is refused, fails, runs out of time or returns
+    more than `max_rows` rows."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    try:
+        db.execute("PRAGMA query_only = ON")
+        db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)  # zeroblob(10**9) is an error, not 1 GB
+        db.set_authorizer(_authorize)
+        deadline = time.monotonic() + timeout_s
+        db.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+        cursor = db.execute(sql)
+        if cursor.description is None:  # REINDEX and other statements that are not queries
+            raise ValueError("not a query: the statement returns no columns")
+        rows = cursor.fetchmany(max_rows + 1)
+    finally:
+        db.close()
+    if len(rows) > max_rows:
+        raise ValueError(f"more than {max_rows} rows")
+    return rows
+
+
+def _normal(row: tuple) -> tuple:
+    return tuple(round(v, 6) if isinstance(v, float) else v for v in row)
+
+
+def same_result(got: list[tuple], gold: list[tuple], ordered: bool) -> bool:
+    """Equal rows (floats rounded to 6 decimals): as lists when `ordered`, else as multisets."""
+    got_n, gold_n = [_normal(r) for r in got], [_normal(r) for r in gold]
+    return got_n == gold_n if ordered else Counter(got_n) == Counter(gold_n)
+
+
+def question_prompt(question: str) -> str:
+    """The user message: the schema, the question and the answer format."""
+    schema = ";\n".join(SCHEMA)
+    return (
+        f"SQLite database schema:\n{schema};\n\nQuestion: {question}\n\n"
+        "Answer with one SQLite SELECT query in a ```sql code block."
+    )
+
+
+@register_environment("text2sql")
+class Text2SQLEnvironment:
+    """Text-to-SQL with execution match (see the module docstring).
+
+    Args:
+        timeout_s: time limit of one query (the reply's and the gold one's).
+        max_rows: most rows a query may return.
+    Info: "sql" (extracted or None), "error" (why the reply's query did not run, or None), "match".
+    """
+
+    def __init__(self, timeout_s: float = 2.0, max_rows: int = 1000) -> None:
+        self.timeout_s, self.max_rows = timeout_s, max_rows
+        self._folder: Path | None = None
+
+    def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
+        """`count` tasks drawn from `seed`: a database seed and a question with its gold query."""
+        rng = random.Random(seed)
+        tasks: list[dict[str, Any]] = []
+        while len(tasks) < count:
+            question, gold, ordered = draw_question(rng)
+            task = {"db_seed": rng.randrange(2**31), "question": question, "gold": gold, "ordered": ordered}
+            if self._gold_rows(task):  # an empty answer would pay any query that returns nothing
+                tasks.append(task)
+        return tasks
+
+    def _gold_rows(self, task: dict[str, Any]) -> list[tuple]:
+        path = self.database(task["db_seed"])
+        return run_query(path, task["gold"], timeout_s=self.timeout_s, max_rows=self.max_rows)
+
+    def database(self, db_seed: int) -> Path:
+        """The file of `db_seed`'s database, built on first use."""
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="posttrain-text2sql-"))
+        path = self._folder / f"{int(db_seed)}.sqlite"
+        if not path.exists():
+            partial = path.with_suffix(".partial")
+            partial.unlink(missing_ok=True)
+            build_database(partial, int(db_seed))
+            partial.rename(path)
+        return path
+
+    def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
+        """One single-turn episode per task; the seeds are not needed."""
+        return [
+            EpisodeStart(
+                messages=[{"role": "user", "content": question_prompt(t["question"])}], metadata=dict(t)
+            )
+            for t in tasks
+        ]
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
+        scored = [
+            self._score(last_assistant_content(log), meta)
+            for log, meta in zip(message_logs, metadata, strict=True)
+        ]
+        return EnvStepResult.final([s[0] for s in scored], metadata, [s[1] for s in scored])
+
+    def _score(self, reply: str, meta: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        sql = extract_sql(reply)
+        info: dict[str, Any] = {"sql": sql, "error": None, "match": False}
+        if sql is None:
+            info["error"] = "no ```sql block"
+            return 0.0, info
+        gold = self._gold_rows(meta)
+        try:
+            got = run_query(
+                self.database(meta["db_seed"]), sql, timeout_s=self.timeout_s, max_rows=self.max_rows
+            )
+        except (sqlite3.Error, ValueError) as e:
+            info["error"] = f"{type(e).__name__}: {e}"[:300]
+            return 0.0, info
+        info["match"] = same_result(got, gold, bool(meta.get("ordered")))
+        return float(info["match"]), info
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        n = max(len(results), 1)
+        return {
+            "env/accuracy": sum(results.rewards) / n,
+            "env/sql_rate": sum(i.get("sql") is not None for i in results.info) / n,
+            "env/sql_error_rate": sum(
+                i.get("sql") is not None and i.get("error") is not None for i in results.info
+            )
+            / n,
+        }
+
+    def close(self) -> None:
+        """Remove the databases' folder."""
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_folder": None}
