@@ -88,7 +88,7 @@ def flat_items(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(dotted key, old value, new value) for every leaf that differs, sorted by key; a key on one side
-    only counts with the missing value as None."""
+    only is compared with None (null and absent are both unset)."""
     a, b = flat_items(old), flat_items(new)
     return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
