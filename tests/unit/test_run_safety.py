@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -107,12 +108,15 @@ def test_epochs_notice():
     assert epochs_notice("sft", None, 1, 3, 24) is None
 
 
-def test_first_signal_asks_to_stop_the_second_interrupts():
+def test_first_signal_asks_to_stop_the_second_interrupts(capfd):
     stop = GracefulStop()
     assert not stop.requested
     stop.raise_if_requested()  # nothing asked yet
     stop.handle(signal.SIGTERM, None)
     assert stop.requested and stop.signal_name == "SIGTERM"
+    said = capfd.readouterr().err.strip()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
+    assert f"```text\n{said}\n```" in page  # the troubleshooting page quotes it word for word
     with pytest.raises(KeyboardInterrupt):
         stop.handle(signal.SIGINT, None)
     with pytest.raises(KeyboardInterrupt):
