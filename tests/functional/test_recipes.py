@@ -79,3 +79,31 @@ def test_gdpo_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> None:
     parts = step["reward/correct/mean"] + step["reward/format/mean"]
     assert step["reward/mean"] == pytest.approx(parts, abs=1e-6) and 0.0 <= parts <= 1.2
     assert "env/format_rate" in step and "pg_loss" in step
+
+
+def test_message_penalties_run_a_step_on_the_calculator_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """advantage.invalid_tool_call_advantage / malformed_thinking_advantage through `posttrain grpo`
+    on the multi-turn calculator recipe: the per-turn flags reach the trainer (their rates logged)."""
+    run_dir = tmp_path / "run"
+    args = [
+        "grpo",
+        "--config",
+        "examples/configs/grpo_calculator.yaml",
+        f"policy.model_name={tiny_model_dir}",
+        "data.train.environment_tasks.size=4",
+        "data.validation.environment_tasks.size=2",
+        "grpo.max_steps=1",
+        "grpo.prompts_per_step=2",
+        "grpo.generations_per_prompt=2",
+        "grpo.val_at_start=false",
+        "generation.max_new_tokens=6",
+        "advantage.invalid_tool_call_advantage=-1.0",
+        "advantage.malformed_thinking_advantage=-0.5",
+        "cluster.backend=local",
+        "logging.tensorboard=false",
+        f"logging.run_dir={run_dir}",
+    ]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    [step] = [r for r in rows if "reward/mean" in r]
+    assert 0.0 <= step["invalid_tool_call_rate"] <= 1.0 and 0.0 <= step["malformed_thinking_rate"] <= 1.0

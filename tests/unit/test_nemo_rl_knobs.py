@@ -515,3 +515,161 @@ def test_positive_example_nll_in_the_trainer():
     loss, metrics = grpo_loss(lp, batch, 4.0, token_normalizer=4.0, positive_normalizer=3.0, **knobs)
     assert loss.item() == pytest.approx(0.1 * 3.5 / 3, rel=1e-15)
     assert metrics["positive_nll"] == pytest.approx(3.5 / 3, rel=1e-15)
+
+
+# --- item 12: message-level advantage penalties (invalid tool call, malformed thinking) ----------
+
+
+def _flags(positions, shape=(2, 6)):
+    out = torch.zeros(shape, dtype=torch.bool)
+    for b, t in positions:
+        out[b, t] = True
+    return out
+
+
+def test_message_advantage_penalties_nemo_rl_cases():
+    from posttrain.algorithms.advantages import message_advantage_penalties
+
+    # NeMo RL's test_apply_message_level_advantage_penalties_targets_flagged_message_spans: row 0's
+    # turn at [2, 4) is an invalid call, row 1's at [1, 4) malformed thinking
+    adv = torch.tensor([[0.0, 1, 2, 3, 4, 5], [10.0, 11, 12, 13, 14, 15]], dtype=torch.float64)
+    invalid, malformed = _flags([(0, 2), (0, 3)]), _flags([(1, 1), (1, 2), (1, 3)])
+    mask = torch.ones(2, 6)
+    knobs = dict(invalid_tool_call_advantage=-5.0, malformed_thinking_advantage=-7.0)
+    got = message_advantage_penalties(
+        adv, mask, invalid_tool_call=invalid, malformed_thinking=malformed, **knobs
+    )
+    assert got.tolist() == [[0.0, 1, -5, -5, 4, 5], [10.0, -7, -7, -7, 14, 15]]
+    # ..._materializes_broadcasted_advantages: per-sample [1, 10] spread over the tokens, input untouched
+    per_sample = torch.tensor([1.0, 10.0], dtype=torch.float64)
+    invalid, malformed = _flags([(0, 1), (0, 2), (0, 3)]), _flags([(1, 2), (1, 3)])
+    got = message_advantage_penalties(
+        per_sample, mask, invalid_tool_call=invalid, malformed_thinking=malformed, **knobs
+    )
+    assert got.tolist() == [[1.0, -5, -5, -5, 1, 1], [10.0, 10, -7, -7, 10, 10]]
+    assert per_sample.tolist() == [1.0, 10.0] and got.stride(-1) != 0
+
+
+def test_message_advantage_penalties_boundary_cases():
+    from posttrain.algorithms.advantages import message_advantage_penalties
+
+    adv = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    mask = torch.tensor([[0.0, 1, 1, 1], [0.0, 1, 1, 0], [0.0, 1, 1, 1]])
+    # row 0: last turn [3, 4) invalid; row 1: [1, 3) malformed, and a flag on a masked position;
+    # row 2: [1, 3) both: the invalid call wins (NeMo RL's order)
+    invalid = _flags([(0, 3), (2, 1), (2, 2)], (3, 4))
+    malformed = _flags([(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)], (3, 4))
+
+    def run(i, m):
+        return message_advantage_penalties(
+            adv, mask, invalid_tool_call=invalid, malformed_thinking=malformed,
+            invalid_tool_call_advantage=i, malformed_thinking_advantage=m,
+        )  # fmt: skip
+
+    assert run(-5.0, -3.0).tolist() == [[0.5, 0.5, 0.5, -5], [-1, -3, -3, -1], [2, -5, -5, 2]]
+    assert run(None, -3.0).tolist() == [[0.5, 0.5, 0.5, 0.5], [-1, -3, -3, -1], [2, -3, -3, 2]]
+    assert run(-5.0, None).tolist() == [[0.5, 0.5, 0.5, -5], [-1, -1, -1, -1], [2, -5, -5, 2]]
+    assert run(None, None) is adv  # the defaults: today's advantages, untouched
+    with pytest.raises(ValueError, match="must match"):
+        message_advantage_penalties(
+            adv, mask, invalid_tool_call=invalid[:, :2], malformed_thinking=malformed,
+            invalid_tool_call_advantage=-1.0, malformed_thinking_advantage=None,
+        )  # fmt: skip
+
+
+def test_message_advantage_penalties_in_the_trainer():
+    # the turn spans and the environment's per-turn flags travel on the trajectory; the penalty
+    # replaces the flagged turn's tokens' advantage, then advantage.clip applies (NeMo RL's order)
+    from posttrain.config.schema import AdvantageConfig
+    from posttrain.environments.interface import EnvStepResult
+    from posttrain.rollout.rollout import EpisodeLimits, Trajectory, apply_step, flagged_turn_tokens
+    from posttrain.trainers.grpo import apply_message_penalties
+
+    t = Trajectory([7, 8, 9, 10, 11], [0, 1, 1, 0, 1], [0.0] * 5, [], {}, 0)
+    t.turn_spans = [(1, 3), (4, 5)]
+    for invalid, malformed in ((True, False), (False, True)):  # turn 1: a broken call; turn 2: thinking
+        step = EnvStepResult(
+            [0.0], [None], [True], [{}], invalid_tool_call=[invalid], malformed_thinking=[malformed]
+        )
+        apply_step(t, step, 0, [], tokenizer=None, limits=EpisodeLimits(max_turns=9, max_seq_len=99))
+    assert t.turn_invalid_tool_call == [True, False] and t.turn_malformed_thinking == [False, True]
+    plain = Trajectory([7, 8, 9, 10, 11], [0, 1, 1, 0, 1], [0.0] * 5, [], {}, 0, turn_spans=[(1, 3)])
+    invalid, malformed = flagged_turn_tokens([t, plain], (2, 5))
+    assert invalid.tolist() == [[False, True, True, False, False], [False] * 5]
+    assert malformed.tolist() == [[False, False, False, False, True], [False] * 5]
+
+    adv, mask = torch.tensor([1.5, -0.5], dtype=torch.float64), torch.tensor([[0.0, 1, 1, 0, 1]] * 2)
+    cfg = AdvantageConfig(invalid_tool_call_advantage=-5.0, malformed_thinking_advantage=-3.0, clip_low=-4.0)
+    got, metrics = apply_message_penalties(cfg, adv, mask, [t, plain])
+    assert got.tolist() == [[1.5, -4.0, -4.0, 1.5, -3.0], [-0.5] * 5]  # -5 clipped at -4
+    assert metrics == {"invalid_tool_call_rate": 1 / 3, "malformed_thinking_rate": 1 / 3}  # of 3 turns
+    same, none = apply_message_penalties(AdvantageConfig(), adv, mask, [t, plain])
+    assert same is adv and none == {}
+    assert EnvStepResult([0.0], [None], [True], [{}]).invalid_tool_call == [False]
+
+
+def test_tool_environment_flags_invalid_calls_and_malformed_thinking():
+    from posttrain.environments.tools import ToolEnvironment, ToolRegistry, malformed_thinking
+
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first
+            b: the second
+        """
+        return a + b
+
+    class Env(ToolEnvironment):
+        def score(self, reply, metadata):
+            return 1.0, {}
+
+    def call(name, **arguments):
+        import json
+
+        return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+    replies = [
+        call("add", a=1, b=2),  # runs: valid
+        "<tool_call>{add 1 2}</tool_call>",  # not JSON
+        call("multiply", a=1, b=2),  # unknown tool
+        call("add", a=1),  # arguments that do not fit
+        call("add", a="x", b=1),  # an argument of the wrong type
+        "<think>sum</think> \\boxed{3}",  # a final reply, well-formed thinking
+        "The answer <think>is</think> 3",  # thinking after the answer began
+    ]
+    env = Env(ToolRegistry([add]), max_tool_calls=9)
+    logs = [[{"role": "user", "content": "1 + 2?"}, {"role": "assistant", "content": r}] for r in replies]
+    result = env.step(logs, [{"tool_calls": 0, "tool_errors": 0}] * len(logs))
+    assert result.invalid_tool_call == [False, True, True, True, True, False, False]
+    assert result.malformed_thinking == [False] * 6 + [True]
+    # a tool that raises on valid arguments is a tool error, not an invalid call
+    raising = Env(ToolRegistry([_divide_tool()]), max_tool_calls=9)
+    result = raising.step([[{"role": "assistant", "content": call("divide", x=1, y=0)}]], [{}])
+    assert result.invalid_tool_call == [False] and result.info[0]["tool_errors"] == 1
+    cases = {
+        "no thinking at all": False,
+        "<think>a</think>answer": False,
+        "  <THINK>a</THINK> answer": False,
+        "reasoning opened by the template</think> answer": False,
+        "<think>cut short": True,
+        "<think>a</think><think>b</think> answer": True,
+        "answer <think>a</think>": True,
+        "</think> a </think>": True,
+        "stray <think>": True,
+        "</think><think>": True,
+    }
+    assert {text: malformed_thinking(text) for text in cases} == cases
+
+
+def _divide_tool():
+    def divide(x: float, y: float) -> float:
+        """Divide.
+
+        Args:
+            x: numerator
+            y: denominator
+        """
+        return x / y
+
+    return divide

@@ -369,6 +369,45 @@ def raw_reward_advantages(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return torch.where(mask.to(torch.bool), r.unsqueeze(-1), torch.zeros((), dtype=r.dtype))
 
 
+def message_advantage_penalties(
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    invalid_tool_call: torch.Tensor,
+    malformed_thinking: torch.Tensor,
+    invalid_tool_call_advantage: float | None,
+    malformed_thinking_advantage: float | None,
+) -> torch.Tensor:
+    """NeMo RL's message-level advantage penalties for agents (``grpo.invalid_tool_call_advantage``,
+    ``grpo.malformed_thinking_advantage``): the tokens of a flagged assistant turn get a fixed
+    advantage instead of their episode's.
+
+        A'_bt = invalid_tool_call_advantage      if invalid_tool_call[b, t] and that value is set
+              = malformed_thinking_advantage     elif malformed_thinking[b, t] and that value is set
+              = A_bt (A_b for [B] advantages)    otherwise
+
+    An invalid tool call takes precedence over malformed thinking (NeMo RL's order). Only valid
+    tokens (``mask`` 1) change. Both None: ``advantages`` returned as they are (same object, shape).
+    NeMo RL clips after the penalties: clip the result (``clip_advantages``; clipping twice is the
+    same as once). Shapes: advantages [B] or [B, T], mask / flags [B, T] -> [B, T].
+    """
+    if invalid_tool_call_advantage is None and malformed_thinking_advantage is None:
+        return advantages
+    if not (invalid_tool_call.shape == malformed_thinking.shape == mask.shape):
+        raise ValueError(
+            f"flags {tuple(invalid_tool_call.shape)} / {tuple(malformed_thinking.shape)} must match "
+            f"mask {tuple(mask.shape)}"
+        )
+    out = advantages.unsqueeze(-1).expand(mask.shape) if advantages.dim() == 1 else advantages
+    out = out.clone()
+    valid = mask.to(torch.bool)
+    if malformed_thinking_advantage is not None:
+        out[valid & malformed_thinking.to(torch.bool)] = malformed_thinking_advantage
+    if invalid_tool_call_advantage is not None:
+        out[valid & invalid_tool_call.to(torch.bool)] = invalid_tool_call_advantage
+    return out
+
+
 def clip_advantages(
     advantages: torch.Tensor,
     clip: float | None,

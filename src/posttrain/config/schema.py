@@ -855,6 +855,19 @@ class AdvantageConfig(Strict):
         "G > 1 samples per prompt); false: the batch mean only (plain REINFORCE++).",
     )
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
+    invalid_tool_call_advantage: float | None = Field(
+        None,
+        description="NeMo RL: grpo.invalid_tool_call_advantage (e.g. -5). The advantage of every token of "
+        "an assistant turn whose tool call could not be run (unreadable, unknown tool, arguments that do "
+        "not fit; the tool environments flag it), instead of the episode's; then advantage.clip. For "
+        "agents that keep writing broken calls; null: off.",
+    )
+    malformed_thinking_advantage: float | None = Field(
+        None,
+        description="NeMo RL: grpo.malformed_thinking_advantage (e.g. -5). The same for a turn whose "
+        "<think> block is malformed (unclosed, repeated, or not at the start); an invalid tool call "
+        "takes precedence. For reasoning models that leak or break their thinking tags; null: off.",
+    )
     reward_weights: dict[str, float] | None = Field(
         None,
         description="NeMo RL: adv_estimator.reward_weights (a list there, in the components' "

@@ -74,6 +74,10 @@ class EnvStepResult:
         "format": 0.1}, for advantage.estimator=gdpo, which normalises each part apart; {}: none.
         Where given, the reward must be their sum (NeMo RL's contract, checked here: GRPO and GDPO
         read the same total). Default: {} for every sample.
+    invalid_tool_call / malformed_thinking: per sample, whether the assistant message of this turn
+        made a tool call that could not be run (unreadable, unknown tool, arguments that do not fit)
+        or has a malformed `<think>` block; advantage.invalid_tool_call_advantage /
+        malformed_thinking_advantage then set that turn's advantage. Default: False for every sample.
     """
 
     rewards: list[float]
@@ -85,6 +89,8 @@ class EnvStepResult:
     stop_strings: list[tuple[str, ...] | None] = field(default_factory=list)
     response_prefixes: list[str | None] = field(default_factory=list)
     reward_components: list[dict[str, float]] = field(default_factory=list)
+    invalid_tool_call: list[bool] = field(default_factory=list)
+    malformed_thinking: list[bool] = field(default_factory=list)
 
     @classmethod
     def final(
@@ -101,6 +107,8 @@ class EnvStepResult:
         self.stop_strings = self.stop_strings or [None] * n
         self.response_prefixes = self.response_prefixes or [None] * n
         self.reward_components = self.reward_components or [{} for _ in range(n)]
+        self.invalid_tool_call = self.invalid_tool_call or [False] * n
+        self.malformed_thinking = self.malformed_thinking or [False] * n
         lengths = {f.name: len(getattr(self, f.name)) for f in dataclasses.fields(self)}
         if len(set(lengths.values())) != 1:
             raise ValueError(
@@ -126,6 +134,8 @@ class EnvStepResult:
             stop_strings=[s for x in results for s in x.stop_strings],
             response_prefixes=[p for x in results for p in x.response_prefixes],
             reward_components=[c for x in results for c in x.reward_components],
+            invalid_tool_call=[f for x in results for f in x.invalid_tool_call],
+            malformed_thinking=[f for x in results for f in x.malformed_thinking],
         )
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.environments.interface import EnvStepResult, EpisodeStart, Message
+from posttrain.environments.interface import EnvStepResult, EpisodeStart, Message, last_assistant_content
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
@@ -63,11 +63,13 @@ class ToolCall:
 
 @dataclass
 class ToolResult:
-    """What a call returned (`content`, text for the model) and whether it failed."""
+    """What a call returned (`content`, text for the model) and whether it failed; `invalid`: it
+    failed before running (unreadable, unknown tool, arguments that do not fit the schema)."""
 
     call: ToolCall
     content: str
     error: bool = False
+    invalid: bool = False
 
     def message(self) -> Message:
         """The `tool` message: {"role": "tool", "name", "content"} (+ "tool_call_id" when the call had an id)."""
@@ -189,14 +191,13 @@ class ToolRegistry:
     def call(self, call: ToolCall) -> ToolResult:
         """Run one call; every failure is an error result ("Error: ..."), never an exception."""
         if call.error is not None:
-            return ToolResult(call, f"Error: {call.error}", error=True)
+            return ToolResult(call, f"Error: {call.error}", error=True, invalid=True)
         if call.name not in self._functions:
-            return ToolResult(
-                call, f"Error: unknown tool {call.name!r}; available: {', '.join(self.names)}", error=True
-            )
+            unknown = f"Error: unknown tool {call.name!r}; available: {', '.join(self.names)}"
+            return ToolResult(call, unknown, error=True, invalid=True)
         problem = self.argument_error(call)
         if problem:
-            return ToolResult(call, f"Error: {problem}", error=True)
+            return ToolResult(call, f"Error: {problem}", error=True, invalid=True)
         try:
             value = self._functions[call.name](**call.arguments)
         except Exception as e:  # the model reads the error and may try again
@@ -259,6 +260,21 @@ def template_supports_tools(tokenizer: Any) -> bool:
     except Exception:
         return False
     return plain != with_tools
+
+
+_THINK_TAG = re.compile(r"</?think>", re.IGNORECASE)
+
+
+def malformed_thinking(text: str) -> bool:
+    """Whether an assistant message's `<think>` block is malformed. Well formed: no thinking tag at
+    all; or one `<think>` at the start (after whitespace) closed by one `</think>`; or one `</think>`
+    alone (the chat template opened the block in the prompt). Anything else is malformed: an
+    unclosed block (reasoning cut short), several blocks, a block after the answer began, a stray
+    `<think>` (NeMo RL's malformed_thinking: thinking tags where they do not belong)."""
+    tags = [m.group(0).lower() for m in _THINK_TAG.finditer(text)]
+    if not tags or tags == ["</think>"]:
+        return False
+    return tags != ["<think>", "</think>"] or bool(text[: _THINK_TAG.search(text).start()].strip())
 
 
 def first_turn_prefix(tool_choice: str, tools: ToolRegistry) -> str:
@@ -357,7 +373,10 @@ class ToolEnvironment:
         raise NotImplementedError
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
+        """Each sample's turn (`_turn`); flags: invalid_tool_call when a call of the turn could not be
+        run (`ToolResult.invalid`), malformed_thinking by `malformed_thinking` of the message."""
         turns = [self._turn(log, meta) for log, meta in zip(message_logs, metadata, strict=True)]
+        replies = [last_assistant_content(log) for log in message_logs]
         return EnvStepResult(
             rewards=[t[0] for t in turns],
             observations=[t[1] for t in turns],
@@ -366,12 +385,15 @@ class ToolEnvironment:
             info=[t[4] for t in turns],
             stop_strings=[None if t[2] else self.stop_strings for t in turns],
             response_prefixes=[None if t[2] or not self.first_prefix else "" for t in turns],
+            invalid_tool_call=[t[5] for t in turns],
+            malformed_thinking=[malformed_thinking(reply) for reply in replies],
         )
 
     def _turn(
         self, log: list[Message], meta: dict[str, Any]
-    ) -> tuple[float, Message | list[Message] | None, bool, dict[str, Any], dict[str, Any]]:
-        """One sample's turn: (reward, observation, done, new metadata, info)."""
+    ) -> tuple[float, Message | list[Message] | None, bool, dict[str, Any], dict[str, Any], bool]:
+        """One sample's turn: (reward, observation, done, new metadata, info, invalid tool call: a
+        call of the turn could not be run)."""
         message = next((m for m in reversed(log) if m.get("role") == "assistant"), {})
         calls = parse_tool_calls(message)
         used, errors = meta.get("tool_calls", 0), meta.get("tool_errors", 0)
@@ -382,14 +404,15 @@ class ToolEnvironment:
             new_meta = {**meta, "tool_calls": used + len(calls), "tool_errors": errors + turn_errors}
             info = {"tool_calls": len(calls), "tool_errors": turn_errors, "called_tool": True}
             messages = [r.message() for r in results]
-            return 0.0, messages[0] if len(messages) == 1 else messages, False, new_meta, info
+            invalid = any(r.invalid for r in results)
+            return 0.0, messages[0] if len(messages) == 1 else messages, False, new_meta, info, invalid
         info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "called_tool": used > 0}
         info["tool_budget_exhausted"] = bool(calls)
         try:
             reward, score_info = self.score(message.get("content") or "", meta)
         except Exception as e:  # one sample's scoring failure scores it 0; the batch goes on
             reward, score_info = 0.0, {"verifier_error": f"exception: {type(e).__name__}: {e}"[:500]}
-        return float(reward), None, True, dict(meta), {**info, **score_info}
+        return float(reward), None, True, dict(meta), {**info, **score_info}, False
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         """`env/tool_errors` (failed calls this turn); over the episodes that ended: `env/tool_call_rate`

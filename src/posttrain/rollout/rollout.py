@@ -52,6 +52,8 @@ class Trajectory:
     turn_rewards: per turn, the environment's reward; `reward` is their sum.
     reward_components: the episode's named reward parts (`EnvStepResult.reward_components`), each
         summed over its turns; {} when the environment names none.
+    turn_invalid_tool_call / turn_malformed_thinking: per turn, the environment's flags of its
+        assistant message (`EnvStepResult.invalid_tool_call` / `malformed_thinking`).
     observation_tokens: tokens the environment's observations (and their template) added.
     scored: False when the environment could not score the episode: left out of the loss.
     stop_reason: "done" (the environment ended it), "max_turns", or "truncated" (max_new_tokens
@@ -76,6 +78,8 @@ class Trajectory:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     reward_components: dict[str, float] = field(default_factory=dict)
+    turn_invalid_tool_call: list[bool] = field(default_factory=list)
+    turn_malformed_thinking: list[bool] = field(default_factory=list)
     observation_tokens: int = 0
     scored: bool = True
     stop_reason: str = ""
@@ -380,6 +384,8 @@ def apply_step(
     t.turn_rewards.append(result.rewards[j])
     for name, value in result.reward_components[j].items():
         t.reward_components[name] = t.reward_components.get(name, 0.0) + float(value)
+    t.turn_invalid_tool_call.append(bool(result.invalid_tool_call[j]))
+    t.turn_malformed_thinking.append(bool(result.malformed_thinking[j]))
     t.metadata = result.metadata[j]
     t.info = result.info[j] if result.info else {}
     t.scored = t.scored and result.scored[j]
@@ -553,6 +559,22 @@ def build_rl_batch(trajectories: list[Trajectory], advantages: torch.Tensor, pad
         policy_versions=versions,
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
     )
+
+
+def flagged_turn_tokens(
+    trajectories: list[Trajectory], shape: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, T] bool, [B, T] bool): the positions of the generated tokens of every turn whose assistant
+    message the environment flagged as an invalid tool call, resp. malformed thinking (row b is
+    trajectory b, positions as in `build_rl_batch`); a turn the environment has not stepped is unflagged."""
+    invalid = torch.zeros(shape, dtype=torch.bool)
+    malformed = torch.zeros(shape, dtype=torch.bool)
+    for b, t in enumerate(trajectories):
+        flags = zip(t.turn_spans, t.turn_invalid_tool_call, t.turn_malformed_thinking, strict=False)
+        for (start, end), bad_call, bad_thinking in flags:
+            invalid[b, start:end] = bad_call
+            malformed[b, start:end] = bad_thinking
+    return invalid, malformed
 
 
 def transcript(t: Trajectory) -> dict[str, Any]:

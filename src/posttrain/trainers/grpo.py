@@ -28,6 +28,7 @@ from posttrain.algorithms.advantages import (
     clip_advantages,
     compute_advantages,
     kl_penalized_rewards,
+    message_advantage_penalties,
     scale_rewards,
     trainable_samples,
 )
@@ -68,6 +69,7 @@ from posttrain.rollout.rollout import (
     Rollouts,
     Trajectory,
     build_rl_batch,
+    flagged_turn_tokens,
     prompt_ids_of,
     run_rollouts,
     start_episodes,
@@ -280,6 +282,29 @@ def gdpo_weights(names: list[str], weights: dict[str, float] | None) -> list[flo
             f"{names}: give one weight per component"
         )
     return [float(weights[name]) for name in names]
+
+
+def apply_message_penalties(
+    adv: AdvantageConfig, advantages: torch.Tensor, mask: torch.Tensor, trajectories: list[Trajectory]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """advantage.invalid_tool_call_advantage / malformed_thinking_advantage on the tokens of flagged
+    turns (`message_advantage_penalties`), then advantage.clip again (NeMo RL clips after them);
+    with both null, the advantages as they are and no metrics. Metrics: invalid_tool_call_rate and
+    malformed_thinking_rate, the shares of all assistant turns flagged (NeMo RL's names)."""
+    if adv.invalid_tool_call_advantage is None and adv.malformed_thinking_advantage is None:
+        return advantages, {}
+    invalid, malformed = flagged_turn_tokens(trajectories, tuple(mask.shape))
+    penalised = message_advantage_penalties(
+        advantages, mask, invalid_tool_call=invalid, malformed_thinking=malformed,
+        invalid_tool_call_advantage=adv.invalid_tool_call_advantage,
+        malformed_thinking_advantage=adv.malformed_thinking_advantage,
+    )  # fmt: skip
+    turns = max(sum(t.num_turns for t in trajectories), 1)
+    metrics = {
+        "invalid_tool_call_rate": sum(sum(t.turn_invalid_tool_call) for t in trajectories) / turns,
+        "malformed_thinking_rate": sum(sum(t.turn_malformed_thinking) for t in trajectories) / turns,
+    }
+    return clip_advantages(penalised, adv.clip, low=adv.clip_low, high=adv.clip_high), metrics
 
 
 def component_reward_metrics(
@@ -675,6 +700,10 @@ class GRPOTrainer:
             scored=rollouts.scored,
             components=components,
         )
+        batch.advantages, penalty_metrics = apply_message_penalties(
+            cfg.advantage, batch.advantages, batch.loss_mask, rollouts.trajectories
+        )
+        metrics.update(penalty_metrics)
         if cfg.advantage.estimator != "on_policy_distill":  # the teacher's signal needs no group
             trainable = trainable_samples(rollouts.group_ids, rollouts.scored)
             batch.loss_mask = batch.loss_mask * trainable.float()[:, None]
