@@ -172,8 +172,9 @@ def test_ppo_cli_runs_two_steps_with_kl_reward_and_adaptive_lambda(tiny_model_di
         "data.validation=null", "ppo.max_steps=2", "ppo.prompts_per_step=2", "ppo.critic_warmup_steps=0",
         "generation.max_new_tokens=8", "cluster.backend=local", f"logging.run_dir={tmp_path / 'cli'}",
         "logging.tensorboard=false", "logging.plots=false", "checkpoint.enabled=false",
-        # the KL to the reference as a per-token reward, VAPO's length-adaptive λ
+        # the KL to the reference as a per-token reward, VAPO's length-adaptive λ and positive NLL
         "loss.kl_beta=0.1", "loss.kl_in_reward=true", "advantage.lam_actor_alpha=0.05",
+        "loss.positive_example_nll_weight=0.1",
     ]  # fmt: skip
     assert cfg.ppo.generations_per_prompt == 1
     assert main(["ppo", *overrides]) == 0
@@ -185,6 +186,7 @@ def test_ppo_cli_runs_two_steps_with_kl_reward_and_adaptive_lambda(tiny_model_di
     assert all(
         "reward/kl_penalty" in r and "kl" in r and 0 <= r["advantages/lam_actor_mean"] <= 1 for r in train
     )
+    assert all(r["positive_nll"] >= 0 for r in train)  # the VAPO term reaches PPO's policy loss
     assert train[0]["reward/kl_penalty"] == pytest.approx(0.0, abs=1e-6)  # π_old = π_ref at first
 
 
