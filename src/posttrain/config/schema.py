@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
+from posttrain.config.agent import AgentConfig
+
 
 class Strict(BaseModel):
     """Base for every config section: unknown keys are errors, assignments are validated."""
@@ -607,6 +609,12 @@ class EnvironmentConfig(Strict):
         "stepped the episode); true: the turn-by-turn loop (every episode generates, then every one "
         "is stepped). An FSDP2-sharded colocated policy with the HF backend always uses the "
         "turn-by-turn loop.",
+    )
+    agent: AgentConfig | None = Field(
+        None,
+        description="Agent rollouts (docs/agents.md): your agent function or program plays each episode "
+        "through an OpenAI-compatible endpoint over the generator; the environment (or the agent) gives "
+        "the reward. null: the environment plays the episodes in process.",
     )
 
     @field_serializer("kwargs", when_used="json")

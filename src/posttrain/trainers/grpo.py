@@ -64,6 +64,7 @@ from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
 from posttrain.models.teacher import prepare_teacher
 from posttrain.models.tokenizer import training_tokenizer
+from posttrain.rollout.agent import run_agent_rollouts
 from posttrain.rollout.rollout import (
     RLBatch,
     Rollouts,
@@ -575,8 +576,10 @@ class GRPOTrainer:
         timer: Timer | None = None,
         progress: str = "generation",
     ) -> Rollouts:
-        """G rollouts per problem; `progress` names the phase's bar on a terminal."""
-        out = run_rollouts(
+        """G rollouts per problem; `progress` names the phase's bar on a terminal. With
+        `environment.agent` the user's agent plays them through the endpoint (`run_agent_rollouts`)."""
+        agent = self.cfg.environment.agent
+        out = (run_rollouts if agent is None else functools.partial(run_agent_rollouts, agent=agent))(
             problems,
             generations_per_prompt=generations,
             generator=self.generator,
