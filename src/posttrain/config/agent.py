@@ -42,7 +42,7 @@ class AgentConfig(BaseModel):
     )
     stop_at_tool_call: bool = Field(
         True,
-        description="End a reply at the parser's call close (hermes: </tool_call>) when tools are offered.",
+        description="End a reply at the parser's call close (hermes: `</tool_call>`) when tools are offered.",
     )
     request_sampling: bool = Field(
         False,

@@ -1,0 +1,148 @@
+"""Episodes per second through the OpenAI-compatible endpoint against the in-process rollout, on the
+same workload, in one process.
+
+    python benchmarks/endpoint_overhead.py [--tasks 4] [--group 4] [--rounds 2] [--backend hf|vllm]
+
+The workload is the calculator tool task (SmolLM2-135M-Instruct, its tool schema and one worked
+example, temperature 1, up to 3 turns of 48 new tokens). Arms, alternated round by round:
+
+- in_process: `run_rollouts` with the turn barrier (every episode generates, then every one is stepped);
+- endpoint: `run_agent_rollouts`: one agent per episode (a thread) plays the same episode with the
+  `openai` client over loopback HTTP (the environment's first messages and schema, its tool registry for
+  the calls, the environment's verdict on the final transcript); the endpoint batches the running
+  agents' requests into one generator call (`GenerationQueue`).
+
+Printed per arm: the median over rounds of episodes/s and generated tokens/s (sampled episodes differ
+in length from arm to arm, so tokens/s is the fairer rate), and endpoint / in_process for both; the
+issue's target is >= 0.8. On a shared machine other processes' load distorts both arms (the load
+average is printed); compare runs made on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+CALCULATOR_KWARGS: dict[str, Any] = {
+    "max_tool_calls": 2,
+    "examples": [
+        {
+            "role": "user",
+            "content": "What is 12 * 34?\nYou can use the calculator tool. Give your final answer as a number in \\boxed{}.",
+        },
+        {
+            "role": "assistant",
+            "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>',
+        },
+        {"role": "tool", "name": "calculator", "content": "408"},
+        {"role": "assistant", "content": "The answer is \\boxed{408}."},
+    ],
+}
+
+
+def replay_agent(base_url: str, session_id: str, task: dict[str, Any]) -> None:
+    """The calculator environment's own episode played with the openai client (as the in-process arm)."""
+    import json
+
+    import openai
+
+    from posttrain.environments.calculator import CalculatorEnvironment
+    from posttrain.environments.tools import ToolCall
+
+    env = CalculatorEnvironment(**CALCULATOR_KWARGS)
+    [start] = env.reset([task], [0])
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    messages = [dict(m) for m in start.messages]
+    for _ in range(3):
+        try:
+            reply = client.chat.completions.create(
+                model="m", messages=messages, tools=start.tools, max_tokens=48
+            )
+        except openai.BadRequestError:
+            return
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return
+        for call in message.tool_calls:
+            try:
+                arguments = json.loads(call.function.arguments)
+            except json.JSONDecodeError:
+                arguments = {}
+            result = env.tools.call(
+                ToolCall(call.function.name, arguments if isinstance(arguments, dict) else {})
+            )
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+
+
+def main() -> None:
+    import torch
+
+    from posttrain.config.agent import AgentConfig
+    from posttrain.environments.calculator import CalculatorEnvironment
+    from posttrain.generation.sampling import SamplingParams
+    from posttrain.generation.text_generation import LocalGenerator
+    from posttrain.models.hub import resolve_model
+    from posttrain.models.tokenizer import load_tokenizer
+    from posttrain.rollout.agent import run_agent_rollouts
+    from posttrain.rollout.rollout import run_rollouts
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4, help="G")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    args = parser.parse_args()
+
+    path = resolve_model(args.model)
+    tokenizer = load_tokenizer(path)
+    generator = LocalGenerator(path, tokenizer, backend=args.backend, device="cpu", max_model_len=2048)
+    env = CalculatorEnvironment(**CALCULATOR_KWARGS)
+    tasks = env.generate_tasks(args.tasks, seed=0)
+    agent = AgentConfig(function=f"{os.path.abspath(__file__)}:replay_agent")
+    common = dict(
+        generations_per_prompt=args.group,
+        generator=generator,
+        environment=env,
+        tokenizer=tokenizer,
+        batch_size=args.tasks * args.group,
+        max_turns=3,
+        max_seq_len=1024,
+    )
+    print(
+        f"{args.backend}; torch threads {torch.get_num_threads()}; {args.tasks} tasks x {args.group}; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    rates: dict[str, list[tuple[float, float]]] = {"in_process": [], "endpoint": []}
+    for r in range(args.rounds):
+        params = SamplingParams(temperature=1.0, max_new_tokens=48, seed=r)
+        for arm in rates:
+            start = time.perf_counter()
+            if arm == "in_process":
+                out = run_rollouts(tasks, params=params, turn_barrier=True, **common)
+            else:
+                out = run_agent_rollouts(tasks, agent=agent, params=params, **common)
+            seconds = time.perf_counter() - start
+            episodes, tokens = len(out.trajectories), sum(t.response_length for t in out.trajectories)
+            rates[arm].append((episodes / seconds, tokens / seconds))
+            print(
+                f"round {r} {arm:10s} {seconds:7.1f} s  {episodes / seconds:6.3f} episodes/s  "
+                f"{tokens / seconds:7.1f} tokens/s  turns {out.env_metrics['episode/turns_mean']:.2f}"
+            )
+    med = {arm: [statistics.median(x[i] for x in v) for i in (0, 1)] for arm, v in rates.items()}
+    for arm, (eps, tps) in med.items():
+        print(f"{arm:10s} median {eps:6.3f} episodes/s  {tps:7.1f} tokens/s")
+    ratio_e, ratio_t = (med["endpoint"][i] / med["in_process"][i] for i in (0, 1))
+    print(
+        f"endpoint / in_process: episodes/s {ratio_e:.2f}, tokens/s {ratio_t:.2f}; load average {os.getloadavg()[0]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
