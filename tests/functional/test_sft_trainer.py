@@ -7,7 +7,7 @@ import torch
 from conftest import make_tiny_model_dir, sft_overrides, write_sft_jsonl
 from safetensors.torch import load_file
 
-from posttrain.config import SFTConfig, load_config
+from posttrain.config import ConfigError, SFTConfig, load_config
 from posttrain.distributed.workers import WorkerError
 from posttrain.models.policy import CheckpointMismatchError
 from posttrain.trainers.sft import run_sft
@@ -73,6 +73,13 @@ def test_resume_from_a_checkpoint_of_another_model_fails_clearly(tiny_model_dir,
         )
     ).save_pretrained(other)
     tokenizer.save_pretrained(other)
+    # the saved config names the other model: refused before anything is loaded or written (#30 item 2)
+    with pytest.raises(
+        ConfigError, match=r"cannot resume from .*step_000001 with changed settings: policy.model_name"
+    ):
+        run_sft(_cfg(other, data, tmp_path / "run", **{"sft.max_steps": 2}))
+    # a checkpoint without its config (older runs): the weights themselves do not fit
+    (tmp_path / "run" / "checkpoints" / "step_000001" / "config.yaml").unlink()
     with pytest.raises(CheckpointMismatchError, match="does not match the configured policy model"):
         run_sft(_cfg(other, data, tmp_path / "run", **{"sft.max_steps": 2}))
 
