@@ -161,3 +161,23 @@ def test_grpo_trains_through_the_example_agent(tiny_model_dir: Path, tmp_path: P
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["agent/requests_mean"] >= 1 and r["agent/error_rate"] == 0 for r in steps)
     assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 2]
+
+
+def test_an_agent_past_its_timeout_is_unscored(tokenizer):
+    """An agent still running at environment.agent.timeout_s: its episode is unscored, the rollout
+    returns without waiting for it, and the other episodes keep their rewards."""
+    import time
+
+    agent = AgentConfig(function="functional.endpoint_helpers:reward_agent", reward="agent", timeout_s=1.0)
+    start = time.monotonic()
+    out = _run(
+        [{"mode": "sleep"}, {"mode": "return"}],
+        agent,
+        ScriptedGenerator(tokenizer, ["Hi."] * 2),
+        tokenizer,
+        object(),
+    )
+    assert time.monotonic() - start < 2.9
+    late, done = out.trajectories
+    assert not late.scored and "timeout_s" in late.info["agent_error"]
+    assert (done.reward, done.scored) == (0.25, True)

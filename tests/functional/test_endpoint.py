@@ -192,3 +192,23 @@ def test_edited_history_is_refused_and_named(tokenizer):
             assert err.value.code == "history_edited"
             assert app.sessions[sid].history_edited
             assert app.sessions[sid].recorder.trajectory.num_turns == 1
+
+
+def test_a_request_past_max_turns_is_refused_and_the_episode_kept(tokenizer):
+    from posttrain.rollout.rollout import EpisodeLimits
+
+    generator = ScriptedGenerator(tokenizer, ["One.", "Two."])
+    with serving(generator, tokenizer, limits=EpisodeLimits(max_turns=1, max_seq_len=512)) as (server, app):
+        c = client(server)
+        messages = [{"role": "user", "content": "Count."}]
+        reply = c.chat.completions.create(model="m", messages=messages)
+        messages += [
+            reply.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Next."},
+        ]
+        with pytest.raises(openai.BadRequestError) as err:
+            c.chat.completions.create(model="m", messages=messages)
+        t = app.sessions["s1"].recorder.trajectory
+    assert err.value.code == "episode_over" and "max_turns" in str(err.value)
+    assert t.num_turns == 1 and t.stop_reason == "max_turns" and len(generator.calls) == 1
+    assert app.sessions["s1"].history_edited is None

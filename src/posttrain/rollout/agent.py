@@ -133,10 +133,13 @@ class AgentRun:
         batch_size: int,
     ):
         self.agent, self.tokenizer = agent, tokenizer
-        self.running = 0
+        self.remaining, self.workers = 0, 1  # agents not yet finished; at most this many at once
         self._lock = threading.Lock()
         self.queue = GenerationQueue(
-            generator, batch_size=batch_size, wait_s=agent.batch_wait_s, expected=lambda: self.running
+            generator,
+            batch_size=batch_size,
+            wait_s=agent.batch_wait_s,
+            expected=lambda: min(self.remaining, self.workers),
         )
         self.endpoint = AgentEndpoint(
             tokenizer,
@@ -162,7 +165,7 @@ class AgentRun:
             return run_agent_program(self.agent.command, base_url, session_id, task, self.agent.timeout_s)
         finally:
             with self._lock:
-                self.running -= 1
+                self.remaining -= 1
             self.queue.wake()
 
     def play_all(self, server: EndpointServer, jobs: list[tuple[str, dict[str, Any]]]) -> list[AgentOutcome]:
@@ -170,7 +173,7 @@ class AgentRun:
         rollout's time is up (`timeout_s` per round of `concurrency` agents) is an error; its thread is
         left behind and its session's requests fail from then on (404)."""
         workers = max(min(len(jobs), self.agent.concurrency or len(jobs)), 1)
-        self.running = workers
+        self.remaining, self.workers = len(jobs), workers
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent")
         futures = [pool.submit(self.play, server.base_url(sid), sid, task) for sid, task in jobs]
         wait(futures, timeout=self.agent.timeout_s * math.ceil(len(jobs) / workers))
