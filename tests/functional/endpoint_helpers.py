@@ -119,7 +119,7 @@ def replay_calculator_agent(base_url: str, session_id: str, task: dict[str, Any]
 def reward_agent(base_url: str, session_id: str, task: dict[str, Any]) -> float | None:
     """One request, then by task["mode"]: "return" 0.25, "post" 0.75 to /reward, "raise", "silent"
     (no reward), "edit" (a follow-up with the first message changed, then return 1.0), "none" (no
-    request at all), "sleep" (3 s, then 1.0)."""
+    request at all), "sleep" (8 s, then 1.0)."""
     import json
     import urllib.request
 
@@ -141,7 +141,7 @@ def reward_agent(base_url: str, session_id: str, task: dict[str, Any]) -> float 
     if mode == "sleep":
         import time
 
-        time.sleep(3)
+        time.sleep(8)
         return 1.0
     if mode == "edit":
         messages = [
