@@ -156,7 +156,14 @@ def test_failing_verifier_does_not_stop_the_run(tiny_model_dir, tmp_path):
     cfg = _grpo_cfg(
         tiny_model_dir,
         tmp_path / "flaky",
-        **{"environment.name": "flaky_env:FlakyEnvironment", "grpo.max_steps": 1, "data.validation": "null"},
+        **{
+            "environment.name": "flaky_env:FlakyEnvironment",
+            "grpo.max_steps": 1,
+            "data.validation": "null",
+            # about 2 of 3 samples fail here, above the default environment.max_error_fraction=0.5 that
+            # stops a run (test_a_step_of_verifier_errors_stops_the_run): the guard is off for this test
+            "environment.max_error_fraction": "null",
+        },
     )
     result = run_grpo(cfg)
     [step] = [h for h in result.history if "reward/mean" in h]
