@@ -153,6 +153,11 @@ class EnvironmentTasksConfig(Strict):
 
     size: int = Field(1000, gt=0)
     seed: int = 0
+    split: str | None = Field(
+        None,
+        description="Passed as generate_tasks(size, seed, split=...) when set, for an environment with "
+        "separate task pools (wordle: train or heldout, disjoint secrets); null: the environment's default.",
+    )
 
 
 class DatasetConfig(Strict):

@@ -18,6 +18,7 @@ environment checks.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from posttrain.config.schema import DatasetConfig
@@ -105,7 +106,8 @@ def build_tasks(
 
 
 def generated_tasks(cfg: DatasetConfig, environment: Any) -> list[Task]:
-    """`environment.generate_tasks(size, seed)`, checked to be a list of dicts."""
+    """`environment.generate_tasks(size, seed)` (and `split=` when the config sets one), checked to be
+    a list of dicts."""
     spec = cfg.environment_tasks
     assert spec is not None
     generate = getattr(environment, "generate_tasks", None)
@@ -115,7 +117,14 @@ def generated_tasks(cfg: DatasetConfig, environment: Any) -> list[Task]:
             f"data.<split>.environment_tasks is set but the environment {name} has no generate_tasks(); "
             "use a dataset (path or reasoning_gym) instead"
         )
-    tasks = list(generate(spec.size, spec.seed))
+    if spec.split is not None and "split" not in inspect.signature(generate).parameters:
+        raise DataError(
+            f"data.<split>.environment_tasks.split={spec.split!r} is set but "
+            f"{getattr(environment, '__name__', type(environment).__name__)}.generate_tasks takes no split; "
+            "remove it"
+        )
+    extra = {} if spec.split is None else {"split": spec.split}
+    tasks = list(generate(spec.size, spec.seed, **extra))
     if not tasks or not all(isinstance(t, dict) for t in tasks):
         raise DataError(f"{getattr(environment, '__name__', environment)}.generate_tasks must return dicts")
     return tasks[: cfg.max_samples] if cfg.max_samples else tasks

