@@ -19,6 +19,7 @@ RECIPES = {
     "grpo_calculator.yaml": "env/tool_call_rate",
     "grpo_code.yaml": "env/pass_rate",
     "grpo_reasoning_gym.yaml": "env/tries_per_episode",
+    "grpo_wordle.yaml": "env/solved_rate",
 }
 
 

@@ -309,3 +309,15 @@ def test_reference_policies_solve_rates_pinned() -> None:
     heldout = env.generate_tasks(64, seed=99999, split="heldout")
     assert solve_rate(env, heldout, random_guesser(allowed), seed=0) == 0 / 64
     assert solve_rate(env, heldout, consistent_guesser(allowed), seed=0) == 63 / 64
+
+
+def test_recipe_trains_on_the_training_pool_and_validates_on_the_heldout_pool() -> None:
+    cfg = load_config(GRPOConfig, "examples/configs/grpo_wordle.yaml", [])
+    env = make_environment(cfg.environment.name, **cfg.environment.kwargs)
+    assert cfg.environment.max_turns == env.max_guesses == 6
+    secrets = {
+        split: {env.secret_of(t, 0) for t in build_tasks(getattr(cfg.data, split), environment=env)}
+        for split in ("train", "validation")
+    }
+    assert len(secrets["validation"]) > 40 and secrets["validation"] <= set(env.words.pool("heldout"))
+    assert len(secrets["train"]) > 500 and secrets["train"] <= set(env.words.pool("train"))
