@@ -164,6 +164,22 @@ INVALID_TEXT = {
 }
 
 
+def observation_text(
+    outcome: str, guess: str | None, colours: Feedback | None, history: list[list], left: int
+) -> str:
+    """The user message after a turn that did not end the game: the turn's feedback (or why it was
+    invalid), every valid guess so far with its feedback, and the guesses left."""
+    text = (
+        feedback_line(guess, colours)
+        if guess and colours
+        else INVALID_TEXT[outcome].format(guess=(guess or "").upper())
+    )
+    board = "\n".join(f"{i}. {feedback_line(g, tuple(c))}" for i, (g, c) in enumerate(history, start=1))
+    return (
+        f"{text}\n\nYour guesses so far:\n{board or '(none)'}\n{left} guess{'es' if left > 1 else ''} left."
+    )
+
+
 @register_environment("wordle")
 class WordleEnvironment:
     """Wordle as a multi-turn environment (see the module docstring for the rules and the reward).
@@ -288,14 +304,7 @@ class WordleEnvironment:
             return 1.0 - self.turn_penalty * (turns - 1), None, True, new_meta, info
         if turns >= meta["max_guesses"]:
             return 0.0, None, True, new_meta, info
-        text = (
-            feedback_line(guess, colours)
-            if colours
-            else INVALID_TEXT[outcome].format(guess=(guess or "").upper())
-        )
-        board = "\n".join(f"{i}. {feedback_line(g, tuple(c))}" for i, (g, c) in enumerate(history, start=1))
-        left = meta["max_guesses"] - turns
-        text += f"\n\nYour guesses so far:\n{board or '(none)'}\n{left} guess{'es' if left > 1 else ''} left."
+        text = observation_text(outcome, guess, colours, history, meta["max_guesses"] - turns)
         return 0.0, {"role": "user", "content": text}, False, new_meta, info
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
