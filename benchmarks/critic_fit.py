@@ -34,9 +34,9 @@ from posttrain.config.schema import PPOConfig
 from posttrain.data.batching import collate
 from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.interface import make_environment
+from posttrain.modeling.tokenizer import load_tokenizer
 from posttrain.models.critic import load_value_model, token_values
 from posttrain.models.hub import resolve_model
-from posttrain.models.tokenizer import load_tokenizer
 
 
 def episodes(cfg: PPOConfig, checkpoint: Path, count: int, seed: int, cache: Path):

@@ -25,8 +25,8 @@ from critic_ceiling import parse_checkpoint_args, sample_episodes
 
 from posttrain.algorithms.value_loss import explained_variance
 from posttrain.environments.interface import make_environment
+from posttrain.modeling.tokenizer import load_tokenizer
 from posttrain.models.hub import resolve_model
-from posttrain.models.tokenizer import load_tokenizer
 
 
 def reply_features(model_path: str | Path, prompts: list[list[int]], replies: list[list[int]]):

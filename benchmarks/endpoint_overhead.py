@@ -85,8 +85,8 @@ def main() -> None:
     from posttrain.environments.calculator import CalculatorEnvironment
     from posttrain.generation.sampling import SamplingParams
     from posttrain.generation.text_generation import LocalGenerator
+    from posttrain.modeling.tokenizer import load_tokenizer
     from posttrain.models.hub import resolve_model
-    from posttrain.models.tokenizer import load_tokenizer
     from posttrain.rollout.agent import run_agent_rollouts
     from posttrain.rollout.rollout import run_rollouts
 

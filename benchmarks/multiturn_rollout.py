@@ -23,8 +23,8 @@ import torch
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.text_generation import LocalGenerator
+from posttrain.modeling.tokenizer import load_tokenizer
 from posttrain.models.hub import resolve_model
-from posttrain.models.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import run_rollouts
 
 

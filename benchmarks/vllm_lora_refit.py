@@ -38,8 +38,8 @@ def run_arm(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     from posttrain.config.schema import GenerationConfig, LoraConfig, PolicyConfig, VLLMConfig
+    from posttrain.distributed.actor import ActorPolicy
     from posttrain.generation.sampling import SamplingParams
-    from posttrain.models.actor import ActorPolicy
     from posttrain.models.lora import adapted_layers
 
     adapter = args.arm == "adapter"

@@ -81,13 +81,13 @@ def main() -> None:
     from posttrain.config import load_config
     from posttrain.config.schema import GRPOConfig
     from posttrain.data.math import build_math_problems
-    from posttrain.generation.refit import pack_state_dict, unpack
     from posttrain.generation.sampler import sample
     from posttrain.generation.sampling import SamplingParams
     from posttrain.generation.vllm_engine import VLLMGenerator
+    from posttrain.modeling.tokenizer import load_tokenizer
     from posttrain.models.hub import pull_model
     from posttrain.models.policy import load_causal_lm
-    from posttrain.models.tokenizer import load_tokenizer
+    from posttrain.weights.refit import pack_state_dict, unpack
 
     model_dir = str(pull_model("smollm2-135m-instruct"))
     cfg = load_config(GRPOConfig, None, [])
@@ -180,7 +180,7 @@ def main() -> None:
     # ------------------------------------------------------------------ refit
     import ray
 
-    from posttrain.generation.refit import NumpyBucket, SharedFlatWeights, map_shared
+    from posttrain.weights.refit import NumpyBucket, SharedFlatWeights, map_shared
 
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
@@ -211,8 +211,8 @@ def main() -> None:
     measure("split_store", object_store)
 
     from posttrain.config.schema import PolicyConfig
-    from posttrain.generation.refit import RefitGroup, receive_buckets
-    from posttrain.models.actor import ActorPolicy
+    from posttrain.distributed.actor import ActorPolicy
+    from posttrain.weights.refit import RefitGroup, receive_buckets
 
     sender = (
         ray.remote(ActorPolicy)

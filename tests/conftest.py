@@ -67,7 +67,7 @@ def smollm_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(smollm_dir: Path):
-    from posttrain.models.tokenizer import load_tokenizer
+    from posttrain.modeling.tokenizer import load_tokenizer
 
     return load_tokenizer(str(smollm_dir))
 

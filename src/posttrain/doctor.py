@@ -61,7 +61,7 @@ def check_shm(available_bytes: int, needed_bytes: int, *, needed: bool = True) -
 
 
 def check_stale_shm(paths: list[str]) -> Check:
-    """Leftover shared-memory weights of killed runs (`posttrain.generation.refit.stale_shared_files`)."""
+    """Leftover shared-memory weights of killed runs (`posttrain.weights.refit.stale_shared_files`)."""
     if not paths:
         return Check("/dev/shm leftovers", "ok", "no weights of dead posttrain processes")
     size = sum(os.path.getsize(p) for p in paths if os.path.exists(p))
@@ -388,7 +388,7 @@ def run_checks(config: BaseModel | None, *, algorithm: str = "grpo") -> list[Che
         checks.append(check_shm(shm_free, size or 0, needed=_shm_needed(config)))
     else:
         checks.append(Check("/dev/shm", "ok", f"{_gib(shm_free)} free (model size unknown)"))
-    from posttrain.generation.refit import stale_shared_files
+    from posttrain.weights.refit import stale_shared_files
 
     checks.append(check_stale_shm(stale_shared_files()))
     run_dir = getattr(logging, "run_dir", None) or getattr(config, "output_dir", None) or f"runs/{algorithm}"
@@ -457,7 +457,7 @@ def _tiny_model(path: Path, tokenizer_dir: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from posttrain.models.tokenizer import load_tokenizer
+    from posttrain.modeling.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir))
     torch.manual_seed(0)

@@ -80,7 +80,7 @@ def kill_tree_leftovers(process: subprocess.Popen) -> None:
 
 def remove_shared_files(pid: int) -> None:
     """Delete the shared-memory weight files of a SIGKILLed posttrain process (it could not)."""
-    from posttrain.generation.refit import stale_shared_files
+    from posttrain.weights.refit import stale_shared_files
 
     for path in stale_shared_files():
         if Path(path).name.split("-")[2] == str(pid):

@@ -67,8 +67,8 @@ def test_bf16_run_moves_its_weights_at_lr_1e_6(tiny_model_dir, tokenizer, tmp_pa
 def test_bf16_logprobs_reference_and_generation_compute_alike(tiny_model_dir, tokenizer):
     """The reference computes like the policy (KL 0 before any update), logprobs run in bf16 (they differ
     from fp32's) and colocated HF generation samples with the same bf16 numerics as training scores."""
+    from posttrain.distributed.actor import ActorPolicy
     from posttrain.generation.sampling import SamplingParams
-    from posttrain.models.actor import ActorPolicy
     from posttrain.rollout.rollout import Trajectory, build_rl_batch
 
     def actor(dtype: str) -> ActorPolicy:
@@ -101,9 +101,9 @@ def test_bf16_logprobs_reference_and_generation_compute_alike(tiny_model_dir, to
 def test_bf16_refit_checkpoint_and_export(tiny_model_dir, tokenizer, tmp_path):
     """Generators get bf16 weights (refits cast the fp32 masters: checksums of the cast weights agree);
     checkpoints keep fp32 masters and say so; export writes the compute dtype by default."""
+    from posttrain.distributed.actor import ActorPolicy
     from posttrain.distributed.actor_group import GenerationGroup
     from posttrain.generation.worker import GenerationWorker, refit_cast_dtype
-    from posttrain.models.actor import ActorPolicy
 
     cfg = _cfg(lr=1e-3)
     assert refit_cast_dtype(GenerationConfig(), cfg) == "bfloat16"

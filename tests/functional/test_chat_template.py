@@ -11,7 +11,7 @@ import pytest
 from conftest import make_tiny_model_dir, sft_overrides, write_sft_jsonl
 
 from posttrain.cli import main
-from posttrain.models.tokenizer import ChatTemplateError, load_tokenizer, read_chat_template
+from posttrain.modeling.tokenizer import ChatTemplateError, load_tokenizer, read_chat_template
 
 TEMPLATE = (  # HF renders with trim_blocks: newlines are written as Jinja strings
     "{% for m in messages %}{{ '### ' + m['role'] + '\\n' + m['content'] }}"

@@ -13,14 +13,14 @@ from conftest import make_tiny_model_dir
 
 from posttrain.config import load_config
 from posttrain.config.schema import DistillConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.distributed.actor import ActorPolicy
+from posttrain.distributed.student import DistillBatch, StudentActor
 from posttrain.generation.sampling import SamplingParams
-from posttrain.models.actor import ActorPolicy
 from posttrain.models.distill_logprobs import (
     PositionInputs,
     student_topk_from_rows,
     teacher_topk_chunk,
 )
-from posttrain.models.student import DistillBatch, StudentActor
 from posttrain.models.teacher import Teacher, TokenizerMismatchError, check_same_tokenizer
 from posttrain.rollout.rollout import Trajectory, build_rl_batch
 from posttrain.trainers.distill import distill_loss_fn, run_distill
@@ -187,7 +187,7 @@ def test_divergence_goes_down_on_a_fixed_batch(peaked_student_dir, teacher_dir, 
 def test_microbatch_layouts_give_the_same_step(tiny_model_dir, teacher_dir, tokenizer):
     """1x6 = 6x1 = 2x3 microbatches, in float64 (exact math: a sum over tokens divided by the global
     count): the same loss, gradient norm and updated weights up to float64 rounding."""
-    from posttrain.generation.refit import weights_checksum
+    from posttrain.weights.refit import weights_checksum
 
     sampler = _student(tiny_model_dir)
     batch = _sampled_batch(sampler, tokenizer)
@@ -226,7 +226,7 @@ def test_student_equal_to_teacher_gives_zero_loss_and_gradient(tiny_model_dir, t
 
 
 def test_a_teacher_with_another_tokenizer_is_refused(tokenizer, tmp_path):
-    from posttrain.models.tokenizer import load_tokenizer
+    from posttrain.modeling.tokenizer import load_tokenizer
 
     tokenizer.save_pretrained(tmp_path / "other")
     other = load_tokenizer(str(tmp_path / "other"))

@@ -88,7 +88,7 @@ def _cfg(**kw) -> PolicyConfig:
 @pytest.fixture(scope="module")
 def plain(early_eos):
     """One unsharded policy: what the sharded ranks must reproduce."""
-    from posttrain.models.actor import ActorPolicy
+    from posttrain.distributed.actor import ActorPolicy
 
     path, _ = early_eos
     return ActorPolicy(_cfg(), model_path=str(path), total_steps=1, tokenizer_path=str(path))
@@ -190,7 +190,7 @@ def test_refit_check_logprobs_mode_with_fewer_probe_prompts_than_ranks(fsdp_grou
 def test_training_on_uneven_shards_joins_every_forward_and_backward(fsdp_group, early_eos):
     """Rank 0 trains on two rows (two microbatches), rank 1 on one: rank 1 adds a zero-loss dummy
     microbatch. The step equals one unsharded worker's on the whole batch. (Last: it trains the group.)"""
-    from posttrain.models.actor import ActorPolicy
+    from posttrain.distributed.actor import ActorPolicy
     from posttrain.models.policy import Policy
     from posttrain.trainers.sft import sft_loss
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from posttrain.config.schema import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.distributed.actor import ActorPolicy
 from posttrain.generation.sampling import SamplingParams
-from posttrain.models.actor import ActorPolicy
 from posttrain.rollout.rollout import Trajectory, build_rl_batch
 from posttrain.trainers.grpo import grpo_loss, run_grpo
 

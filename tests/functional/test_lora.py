@@ -22,7 +22,7 @@ from posttrain.config.schema import (  # noqa: E402
     SchedulerConfig,
 )
 from posttrain.data.batching import TokenBatch  # noqa: E402
-from posttrain.models.actor import ActorPolicy  # noqa: E402
+from posttrain.distributed.actor import ActorPolicy  # noqa: E402
 from posttrain.models.policy import Policy  # noqa: E402
 
 RANK = 4
@@ -475,7 +475,7 @@ def test_fsdp2_lora_matches_one_plain_worker_and_refits_merged(
     assert (fsdp["logprobs"] - plain["ref"][0]).abs().max() > 1e-3
     a, b = fsdp["checksums"]  # every rank fingerprints the same merged weights
     assert a == b and a == pytest.approx(plain["checksums"][0], rel=1e-6)
-    from posttrain.generation.refit import unpack
+    from posttrain.weights.refit import unpack
 
     merged = {}
     for bucket in fsdp["merged"]:

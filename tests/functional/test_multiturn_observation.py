@@ -13,7 +13,7 @@ import pytest
 from posttrain.data.tokenize import encode_prompt, observation_ids, turn_suffix
 from posttrain.environments.interface import EnvStepResult
 from posttrain.generation.sampling import GenerationOutput, SamplingParams
-from posttrain.models.tokenizer import load_tokenizer
+from posttrain.modeling.tokenizer import load_tokenizer
 from posttrain.rollout.rollout import run_rollouts
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]

@@ -5,8 +5,8 @@ import torch
 from conftest import make_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
+from posttrain.modeling.packing import PackedLayout, packed_hidden_states
 from posttrain.models.logprobs import token_logprobs
-from posttrain.models.packing import PackedLayout, packed_hidden_states
 
 
 def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +109,7 @@ def test_gqa_sdpa_attention_equals_transformers_sdpa_with_padding_mask():
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from posttrain.models.attention import gqa_sdpa_attention
+    from posttrain.modeling.attention import gqa_sdpa_attention
 
     torch.manual_seed(0)
     module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)

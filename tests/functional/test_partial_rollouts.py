@@ -4,10 +4,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from posttrain.config.schema import PolicyConfig
-from posttrain.generation.refit import SharedSnapshot
 from posttrain.generation.sampler import WeightUpdates, sample
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.worker import GenerationWorker
+from posttrain.weights.refit import SharedSnapshot
 
 SWITCH_AT = 4  # the new weights sample tokens 4, 5, ... of every row
 

@@ -15,8 +15,8 @@ from posttrain.config.schema import (
     SchedulerConfig,
 )
 from posttrain.data.preference import build_preference_dataset, collate_pairs
+from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.actor_group import ActorGroup
-from posttrain.models.actor import ActorPolicy
 from posttrain.models.reward_model import RewardPolicy
 from posttrain.trainers.dpo import dpo_loss
 from posttrain.trainers.rm import RewardModelGroup, rm_loss

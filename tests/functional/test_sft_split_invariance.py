@@ -14,9 +14,9 @@ from posttrain.config.schema import (
 from posttrain.data.batching import collate
 from posttrain.data.sft import build_sft_dataset
 from posttrain.distributed.policy_group import PolicyGroup
-from posttrain.generation.refit import weights_checksum
 from posttrain.models.policy import Policy
 from posttrain.trainers.sft import sft_loss
+from posttrain.weights.refit import weights_checksum
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,9 @@ from posttrain.data.math import read_answer
 from posttrain.data.sources import load_rows
 from posttrain.data.tasks import build_tasks, tasks_within
 from posttrain.data.tokenize import encode_prompt
+from posttrain.distributed.actor import ActorPolicy
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.generation.sampling import SamplingParams
-from posttrain.models.actor import ActorPolicy
 from posttrain.rollout.rollout import Trajectory, build_rl_batch, run_rollouts
 from posttrain.trainers.grpo import grpo_loss
 

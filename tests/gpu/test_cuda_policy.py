@@ -46,8 +46,8 @@ def test_bf16_training_step_on_cuda_lowers_the_loss(tiny_model_dir, tokenizer):
 
 
 def test_cuda_generation_logprobs_match_training(tiny_model_dir, tokenizer):
+    from posttrain.distributed.actor import ActorPolicy
     from posttrain.generation.sampling import SamplingParams
-    from posttrain.models.actor import ActorPolicy
     from posttrain.rollout.rollout import Trajectory, build_rl_batch
 
     policy = ActorPolicy(

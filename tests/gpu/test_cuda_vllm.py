@@ -21,9 +21,9 @@ def test_colocated_refit_and_sleep_on_cuda(tmp_path_factory, tokenizer):
     require_vllm()
 
     from posttrain.algorithms.metrics import token_mult_prob_error
+    from posttrain.distributed.actor import ActorPolicy
     from posttrain.distributed.refit_check import probe_batch
     from posttrain.generation.sampling import SamplingParams
-    from posttrain.models.actor import ActorPolicy
 
     model_dir = make_tiny_model_dir(
         tmp_path_factory.mktemp("cuda_vllm"),

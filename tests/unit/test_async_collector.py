@@ -7,7 +7,6 @@ import threading
 import pytest
 import torch
 
-from posttrain.generation.refit import SharedSnapshot, map_shared
 from posttrain.rollout.async_collector import (
     AsyncCollector,
     GenerationFailed,
@@ -17,6 +16,7 @@ from posttrain.rollout.async_collector import (
 )
 from posttrain.rollout.replay_buffer import ReplayBuffer, RolloutGroup
 from posttrain.rollout.rollout import Trajectory
+from posttrain.weights.refit import SharedSnapshot, map_shared
 
 
 def _groups(index: int, version: int, n: int = 2) -> list[RolloutGroup]:

@@ -162,7 +162,7 @@ def test_stale_shared_files_are_those_of_dead_processes(tmp_path):
     import sys
 
     from posttrain.doctor import check_stale_shm
-    from posttrain.generation.refit import stale_shared_files
+    from posttrain.weights.refit import stale_shared_files
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True

@@ -130,7 +130,7 @@ def test_merged_weights_refuse_to_drop_an_adapter():
     # policy's refit checksum, fails instead of yielding the embedding without the adapter
     from peft import inject_adapter_in_model
 
-    from posttrain.models.lora import peft_lora_config
+    from posttrain.modeling.peft import peft_lora_config
 
     model = TiedTiny()
     inject_adapter_in_model(peft_lora_config(LoraConfig(rank=1, target_modules=["head"])), model)

@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from posttrain.generation.refit import (
+from posttrain.weights.refit import (
     NumpyBucket,
     RefitGroup,
     SharedFlatWeights,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posttrain.errors import UserError
-from posttrain.generation.refit import SharedFlatWeights, require_shm_space
+from posttrain.weights.refit import SharedFlatWeights, require_shm_space
 
 
 def test_too_small_names_the_size_and_the_fix(tmp_path):

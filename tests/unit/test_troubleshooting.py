@@ -11,9 +11,9 @@ from posttrain.checkpoint import Checkpointer, resolve_resume
 from posttrain.distributed.workers import placement_message
 from posttrain.doctor import check_ray, check_shm
 from posttrain.errors import MissingFileError, WorkerLostError
-from posttrain.generation.refit import shm_too_small_message
 from posttrain.generation.vllm_engine import INSTALL_HINT
 from posttrain.trainers.common import print_interrupted
+from posttrain.weights.refit import shm_too_small_message
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "troubleshooting.md").read_text()

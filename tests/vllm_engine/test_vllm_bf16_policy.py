@@ -21,10 +21,10 @@ from posttrain.config.schema import (  # noqa: E402
 )
 from posttrain.data.batching import collate  # noqa: E402
 from posttrain.data.tokenize import tokenize_conversation  # noqa: E402
+from posttrain.distributed.actor import ActorPolicy  # noqa: E402
 from posttrain.distributed.refit_check import RefitError, check_refit, probe_batch  # noqa: E402
 from posttrain.generation.sampling import SamplingParams  # noqa: E402
 from posttrain.generation.worker import refit_cast_dtype  # noqa: E402
-from posttrain.models.actor import ActorPolicy  # noqa: E402
 from posttrain.trainers.sft import sft_loss  # noqa: E402
 
 pytestmark = pytest.mark.vllm

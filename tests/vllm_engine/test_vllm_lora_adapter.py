@@ -19,9 +19,9 @@ from posttrain.config.schema import (  # noqa: E402
     SchedulerConfig,
     VLLMConfig,
 )
+from posttrain.distributed.actor import ActorPolicy  # noqa: E402
 from posttrain.distributed.refit_check import RefitError, check_refit, probe_batch  # noqa: E402
 from posttrain.generation.sampling import SamplingParams, hf_generate  # noqa: E402
-from posttrain.models.actor import ActorPolicy  # noqa: E402
 from posttrain.models.lora import adapted_layers, adapters_disabled, merged_weights  # noqa: E402
 
 pytestmark = pytest.mark.vllm

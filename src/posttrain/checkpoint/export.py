@@ -157,7 +157,7 @@ def export_checkpoint(
     checkpoint's own dtype for checkpoints that do not record it. A LoRA checkpoint is merged into
     its base model (in fp32, then cast), or with `adapter` written as a peft adapter folder.
     """
-    from posttrain.models.policy import DTYPES, load_causal_lm
+    from posttrain.modeling.loading import DTYPES, load_causal_lm
 
     out = Path(out_dir).expanduser()
     if out.exists() and not overwrite:
@@ -200,8 +200,8 @@ def _export_lora(
         return _write_export(out, checkpoint, tokenizer, max_shard_size, adapter_dir=adapter_dir)
     from peft import PeftModel
 
+    from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, load_causal_lm
     from posttrain.models.lora import read_adapter_config
-    from posttrain.models.policy import DTYPES, MASTER_DTYPE, load_causal_lm
 
     base = _format(checkpoint).get("base_model")
     if not base or not Path(base).exists():
@@ -210,8 +210,8 @@ def _export_lora(
             "export it with --adapter, or make the base model available at that path"
         )
     if read_adapter_config(adapter_dir).get("task_type") == "SEQ_CLS":  # a reward model (posttrain rm)
+        from posttrain.modeling.tokenizer import load_tokenizer
         from posttrain.models.reward_model import load_reward_model
-        from posttrain.models.tokenizer import load_tokenizer
 
         pad = load_tokenizer(tokenizer).pad_token_id
         base_model = load_reward_model(base, MASTER_DTYPE, pad_token_id=pad)
@@ -243,8 +243,8 @@ def _write_export(
 ) -> ExportResult:
     """The export folder, atomically: the model (or a LoRA adapter folder's files), the tokenizer, and
     posttrain_export.json naming the checkpoint."""
+    from posttrain.modeling.tokenizer import load_tokenizer
     from posttrain.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-    from posttrain.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path)
     out.parent.mkdir(parents=True, exist_ok=True)

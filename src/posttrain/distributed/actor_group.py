@@ -9,12 +9,12 @@ import torch
 
 from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfig, RefitTransport
 from posttrain.data.batching import TokenBatch
+from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.distributed.workers import Workers, make_workers, run_concurrently
-from posttrain.generation.refit import SharedWeightsHandle
 from posttrain.generation.sampling import GenerationOutput, SamplingParams
 from posttrain.generation.worker import GenerationWorker, refit_cast_dtype
-from posttrain.models.actor import ActorPolicy
+from posttrain.weights.refit import SharedWeightsHandle
 
 
 def _split(items: list, n: int, *, every_rank: bool = False) -> list[list]:

@@ -1,4 +1,5 @@
-"""Worker groups of PPO: the policy whose workers may hold the critic, and the critic's two placements.
+"""Worker groups of PPO: the policy whose workers may hold the critic (`PPOActor`, defined here beside its
+group), and the critic's two placements.
 
 split: `SplitCritic`, data-parallel `Critic` workers of their own (Ray actors with critic.cpus_per_worker
 CPUs and, with GPUs, one GPU each; one in-process worker with cluster.backend=local).
@@ -13,11 +14,45 @@ from typing import Any
 
 import torch
 
+from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
+from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.distributed.policy_group import PolicyGroup
-from posttrain.models.critic import Critic, PPOActor
+from posttrain.models.critic import Critic
 from posttrain.models.policy import LossFn, TrainResult
+
+
+class PPOActor(ActorPolicy):
+    """An `ActorPolicy` that also holds the critic on its own device (critic.placement: colocated);
+    the `critic_*` methods are the critic's, called on every rank by `ColocatedCritic`."""
+
+    def __init__(self, cfg: PolicyConfig, *, critic: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(cfg, **kwargs)
+        self.critic: Critic | None = None
+        if critic is not None:
+            gpus = 1 if self.device.type == "cuda" else 0
+            self.critic = Critic(**critic, rank=self.rank, world_size=self.world_size, gpus=gpus)
+
+    def _held_critic(self) -> Critic:
+        if self.critic is None:
+            raise RuntimeError("this policy worker holds no critic (critic.placement=split)")
+        return self.critic
+
+    def critic_values(self, batch: TokenBatch) -> torch.Tensor:
+        return self._held_critic().values(batch)
+
+    def critic_train(self, batch: TokenBatch, loss_fn: Any, normalizer: float) -> TrainResult:
+        return self._held_critic().train(batch, loss_fn, normalizer)
+
+    def critic_save_checkpoint(self, directory: str) -> None:
+        self._held_critic().save_checkpoint(directory)
+
+    def critic_load_checkpoint(self, directory: str) -> None:
+        self._held_critic().load_checkpoint(directory)
+
+    def critic_state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        return self._held_critic().state_dict_cpu()
 
 
 class PPOActorGroup(ActorGroup):

@@ -10,9 +10,9 @@ from typing import Any
 from posttrain.config.schema import ClusterConfig, TeacherConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.actor_group import ActorGroup
+from posttrain.distributed.student import StudentActor
 from posttrain.distributed.workers import Workers, make_workers
 from posttrain.models.distill_logprobs import TeacherTopK
-from posttrain.models.student import StudentActor
 from posttrain.models.teacher import Teacher
 
 

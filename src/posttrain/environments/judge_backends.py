@@ -96,7 +96,7 @@ class TransformersJudge:
         from transformers import AutoModelForCausalLM
 
         from posttrain.checkpoint.export import resolve_model_source
-        from posttrain.models.tokenizer import load_tokenizer
+        from posttrain.modeling.tokenizer import load_tokenizer
 
         if self.num_threads:
             torch.set_num_threads(self.num_threads)

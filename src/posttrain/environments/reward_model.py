@@ -48,9 +48,9 @@ class RewardModelEnvironment:
         shift: float = 0.0,
         num_threads: int | None = None,
     ) -> None:
-        from posttrain.models.policy import DTYPES
+        from posttrain.modeling.loading import DTYPES
+        from posttrain.modeling.tokenizer import load_tokenizer
         from posttrain.models.reward_model import load_reward_model, resolve_model_folder
-        from posttrain.models.tokenizer import load_tokenizer
 
         if num_threads:
             torch.set_num_threads(num_threads)

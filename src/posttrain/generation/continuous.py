@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from posttrain.generation.sampler import PreallocatedLayer, _hits_stop_string, choose_tokens, left_pad
-from posttrain.models.attention import GQA_SDPA_ATTENTION, attention_implementation
+from posttrain.modeling.attention import GQA_SDPA_ATTENTION, attention_implementation
 
 
 class SlotLayer(PreallocatedLayer):

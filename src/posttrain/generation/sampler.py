@@ -35,8 +35,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from posttrain.models.attention import GQA_SDPA_ATTENTION, attention_implementation
-from posttrain.models.fsdp import all_ranks_max, collective_group
+from posttrain.modeling.attention import GQA_SDPA_ATTENTION, attention_implementation
+from posttrain.modeling.fsdp import all_ranks_max, collective_group
 
 # Drop finished rows from the batch once this fraction of the rows still in it has finished.
 COMPACT_FRACTION = 0.25

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from posttrain.generation.sampler import WeightUpdates, sample
-from posttrain.models.fsdp import all_ranks_max, collective_group
+from posttrain.modeling.fsdp import all_ranks_max, collective_group
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ class LocalGenerator:
         device_ = pick_eval_device(device)
         vllm = vllm or VLLMConfig()
         if backend == "hf":
-            from posttrain.models.policy import DTYPES, load_causal_lm
+            from posttrain.modeling.loading import DTYPES, load_causal_lm
 
             self.model = load_causal_lm(model_dir, DTYPES[dtype]).to(device_)
         elif backend == "vllm":

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from posttrain.config.schema import LoraConfig, VLLMConfig
-from posttrain.generation.refit import weights_checksum
 from posttrain.generation.sampling import GenerationOutput, SamplingParams, finished_length, sampling_seed
+from posttrain.weights.refit import weights_checksum
 
 INSTALL_HINT = (
     "the vLLM backend needs vLLM: on GPUs `pip install 'posttrain[vllm]'`; on CPUs "

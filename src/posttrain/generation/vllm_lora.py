@@ -57,7 +57,7 @@ class ServedAdapter:
         """Serve `weights` (peft file name, tensor) as a new adapter in place of the current one."""
         from vllm.lora.request import LoRARequest
 
-        from posttrain.models.lora import peft_lora_config
+        from posttrain.modeling.peft import peft_lora_config
 
         tensors = {name: t.detach().cpu().contiguous() for name, t in weights}
         folder = Path(tempfile.mkdtemp(prefix="posttrain-lora-"))

@@ -1,7 +1,7 @@
 """Sampling workers: `Sampling`, the `generate` of every worker that samples (a vLLM engine or an HF
 model), and `GenerationWorker`, the generation-only worker of split placement: a separate copy of the
 model that only samples, refitted from the policy's packed weights after each update. The policy's
-own worker (`posttrain.models.actor.ActorPolicy`) samples through the same `Sampling`."""
+own worker (`posttrain.distributed.actor.ActorPolicy`) samples through the same `Sampling`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from typing import Any
 import torch
 
 from posttrain.config.schema import GenerationConfig, PolicyConfig
-from posttrain.generation.refit import (
+from posttrain.generation.sampler import WeightUpdates
+from posttrain.generation.sampling import GenerationOutput, SamplingParams, hf_generate
+from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, load_causal_lm, pick_device
+from posttrain.modeling.tokenizer import load_tokenizer
+from posttrain.weights.refit import (
     BucketLayout,
     PackedBucket,
     RefitGroup,
@@ -23,10 +27,6 @@ from posttrain.generation.refit import (
     unpack,
     weights_checksum,
 )
-from posttrain.generation.sampler import WeightUpdates
-from posttrain.generation.sampling import GenerationOutput, SamplingParams, hf_generate
-from posttrain.models.policy import DTYPES, MASTER_DTYPE, load_causal_lm, pick_device
-from posttrain.models.tokenizer import load_tokenizer
 
 
 class Sampling:

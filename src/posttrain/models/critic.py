@@ -8,7 +8,8 @@ position that predicts token t, like the policy's log-probability of token t), 0
 
 A `Critic` is a `Policy` (a data-parallel rank with its optimizer, scheduler, checkpoints) whose
 `loss_inputs` are these values. It runs in workers of its own (`critic.placement: split`) or inside
-the policy's workers (`colocated`: `PPOActor` holds it on the policy's device, like the reference).
+the policy's workers (`colocated`: `posttrain.distributed.critic_group.PPOActor` holds it on the
+policy's device, like the reference).
 Its checkpoint is a Policy checkpoint: an HF folder of the backbone and value head (fp32), the
 optimizer, the scheduler; resuming is exact.
 """
@@ -22,13 +23,11 @@ import torch
 
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
-from posttrain.models.actor import ActorPolicy
-from posttrain.models.attention import use_eager_for_softcapping
-from posttrain.models.packing import packed_hidden_states
+from posttrain.modeling.attention import use_eager_for_softcapping
+from posttrain.modeling.loading import MASTER_DTYPE
+from posttrain.modeling.packing import packed_hidden_states
 from posttrain.models.policy import (
-    MASTER_DTYPE,
     Policy,
-    TrainResult,
     check_weights_match,
     copy_into,
     read_safetensors,
@@ -73,7 +72,7 @@ def token_values(
 ) -> torch.Tensor:
     """[B, T] fp32 values V(s_t): the value head on the hidden state at t − 1; 0 at t = 0 and on padding.
 
-    `packed`: the decoder runs on the real tokens only (`posttrain.models.packing`)."""
+    `packed`: the decoder runs on the real tokens only (`posttrain.modeling.packing`)."""
     if packed:
         hidden = packed_hidden_states(model, input_ids, attention_mask)
     else:
@@ -115,35 +114,3 @@ class Critic(Policy):
                 v = self.loss_inputs(micro)
             out[start : start + len(micro), : v.shape[1]] = v.float().cpu()
         return out
-
-
-class PPOActor(ActorPolicy):
-    """An `ActorPolicy` that also holds the critic on its own device (critic.placement: colocated);
-    the `critic_*` methods are the critic's, called on every rank by `ColocatedCritic`."""
-
-    def __init__(self, cfg: PolicyConfig, *, critic: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(cfg, **kwargs)
-        self.critic: Critic | None = None
-        if critic is not None:
-            gpus = 1 if self.device.type == "cuda" else 0
-            self.critic = Critic(**critic, rank=self.rank, world_size=self.world_size, gpus=gpus)
-
-    def _held_critic(self) -> Critic:
-        if self.critic is None:
-            raise RuntimeError("this policy worker holds no critic (critic.placement=split)")
-        return self.critic
-
-    def critic_values(self, batch: TokenBatch) -> torch.Tensor:
-        return self._held_critic().values(batch)
-
-    def critic_train(self, batch: TokenBatch, loss_fn: Any, normalizer: float) -> TrainResult:
-        return self._held_critic().train(batch, loss_fn, normalizer)
-
-    def critic_save_checkpoint(self, directory: str) -> None:
-        self._held_critic().save_checkpoint(directory)
-
-    def critic_load_checkpoint(self, directory: str) -> None:
-        self._held_critic().load_checkpoint(directory)
-
-    def critic_state_dict_cpu(self) -> dict[str, torch.Tensor]:
-        return self._held_critic().state_dict_cpu()

@@ -24,8 +24,8 @@ from typing import NamedTuple
 import torch
 import torch.utils.checkpoint
 
+from posttrain.modeling.packing import packed_hidden_states, packed_logits_at
 from posttrain.models.logprobs import at_least_fp32, is_fsdp_module, lean_logits_transform
-from posttrain.models.packing import packed_hidden_states, packed_logits_at
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 """Rows of the head's input (hidden states, or logits already computed) -> [c, V] logits."""

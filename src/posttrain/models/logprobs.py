@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from posttrain.models.fsdp import all_ranks_max, collective_group
+from posttrain.modeling.fsdp import all_ranks_max, collective_group
+from posttrain.modeling.packing import packed_hidden_states, packed_logits_at
 from posttrain.models.fused_head import LinearLogprobs, RecomputedLinearLogprobs, at_least_fp32, head_forward
-from posttrain.models.packing import packed_hidden_states, packed_logits_at
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -276,7 +276,7 @@ def token_logprobs(
     separately so that the projection skips positions that are not targets, and the model's output
     transform is applied after lm_head (`lean_logits_transform`; a model sharded with FSDP2, or whose
     transform is unknown, is called whole). `packed`: the decoder runs on the real tokens only
-    (`posttrain.models.packing`), not on the padding.
+    (`posttrain.modeling.packing`), not on the padding.
     """
     selected = target_mask[:, 1:].bool()
     targets = input_ids[:, 1:][selected]

@@ -30,6 +30,7 @@ import torch
 
 from posttrain.config.schema import LoraConfig
 from posttrain.errors import UserError
+from posttrain.modeling.peft import peft_lora_config
 
 ADAPTER = "default"
 """The adapter's name inside peft's layers (one adapter per model)."""
@@ -46,30 +47,6 @@ def require_peft() -> None:
         raise UserError(
             f"policy.lora needs the `peft` package ({e}); install it with `pip install 'posttrain[lora]'`"
         ) from e
-
-
-def peft_lora_config(
-    cfg: LoraConfig,
-    *,
-    base_model: str | None = None,
-    modules_to_save: list[str] | None = None,
-    task_type: str = "CAUSAL_LM",
-) -> Any:
-    """The `peft.LoraConfig` of a `policy.lora` section."""
-    from peft import LoraConfig as PeftLoraConfig
-
-    target = cfg.target_modules if cfg.target_modules == "all-linear" else list(cfg.target_modules)
-    return PeftLoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=target,
-        use_rslora=cfg.rslora,
-        init_lora_weights=True if cfg.init == "default" else "gaussian",
-        modules_to_save=modules_to_save,
-        base_model_name_or_path=base_model,
-        task_type=task_type,
-    )
 
 
 def apply_lora(

@@ -30,26 +30,14 @@ import torch.distributed as dist
 from posttrain.algorithms.metrics import accumulate_metrics
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
-from posttrain.generation.refit import weights_checksum
-from posttrain.models.attention import use_eager_for_softcapping
+from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, compute_autocast, load_causal_lm, pick_device
 from posttrain.models.logprobs import batched_logprobs, token_logprobs
 from posttrain.models.optim import build_optimizer
+from posttrain.weights.refit import weights_checksum
 
 LossFn = Callable[[torch.Tensor, TokenBatch, float], tuple[torch.Tensor, dict[str, float]]]
 """(token_logprobs [B, T] (`Policy.loss_inputs`; a reward model gives scores [B]), microbatch, global
 normalizer) -> (loss, metrics summed over microbatches)."""
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MASTER_DTYPE = torch.float32
-"""The dtype of trained parameters, their gradients and the optimizer state, whatever `policy.dtype` is."""
-
-
-def compute_autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
-    """Forward passes of fp32 parameters computed in `dtype`: `torch.autocast` for a dtype narrower
-    than fp32 (matmuls in bf16, reductions and norms as autocast keeps them), else nothing."""
-    if dtype in (torch.float32, torch.float64):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -64,26 +52,6 @@ class TrainResult:
     grad_norm: float = 0.0
     lr: float = 0.0
     num_tokens: int = 0
-
-
-def pick_device(gpus: int) -> torch.device:
-    if gpus > 0:
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "cluster.gpus_per_node > 0 but CUDA is not available; set cluster.gpus_per_node=0"
-            )
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def load_causal_lm(path: str, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    use_eager_for_softcapping(model)
-    return model
 
 
 def compile_decoder_layers(model: torch.nn.Module) -> None:
@@ -189,7 +157,7 @@ class Policy:
             backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size
         )
         if self.cfg.fsdp:
-            from posttrain.models.fsdp import shard_model
+            from posttrain.modeling.fsdp import shard_model
 
             shard_model(self.model, dtype=self.compute_dtype)
             self.loss_scale = float(self.world_size)
@@ -234,7 +202,7 @@ class Policy:
         """FSDP2: every forward and backward is a collective, so a rank with fewer microbatches than
         another (uneven shards) runs the difference on a dummy row with a zero loss (first, right after
         the ranks agree on the count: every rank then runs the same sequence of collectives)."""
-        from posttrain.models.fsdp import all_ranks_max, collective_group
+        from posttrain.modeling.fsdp import all_ranks_max, collective_group
 
         group = collective_group(self.model)
         if group is None:
@@ -313,7 +281,7 @@ class Policy:
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         """Full tensors on CPU (under FSDP2 a collective: every rank must call it)."""
         if self.sharded:
-            from posttrain.models.fsdp import full_model_state
+            from posttrain.modeling.fsdp import full_model_state
 
             return full_model_state(self.model)
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
@@ -334,7 +302,7 @@ class Policy:
         else:
             self._save_full_model(path)
         if self.sharded:
-            from posttrain.models.fsdp import optimizer_shard_state
+            from posttrain.modeling.fsdp import optimizer_shard_state
 
             state = {"optimizer": optimizer_shard_state(self.model, self.optimizer)}
             torch.save(
@@ -350,7 +318,7 @@ class Policy:
     def _save_full_model(self, path: Path) -> None:
         full_state = None
         if self.sharded:
-            from posttrain.models.fsdp import full_model_state
+            from posttrain.modeling.fsdp import full_model_state
 
             full_state = full_model_state(self.model)  # a collective: every rank calls it
         if self.rank == 0:
@@ -376,7 +344,7 @@ class Policy:
         path = Path(directory)
         self._load_model_weights(path / "model")
         if self.sharded:
-            from posttrain.models.fsdp import load_optimizer_shard_state
+            from posttrain.modeling.fsdp import load_optimizer_shard_state
 
             state = torch.load(
                 path / f"optimizer_rank{self.rank}.pt", map_location=self.device, weights_only=False
@@ -404,7 +372,7 @@ class Policy:
     def _copy_into_model(self, saved: dict[str, torch.Tensor]) -> None:
         """Full tensors by state-dict name into the model (FSDP2: scattered into the shards)."""
         if self.sharded:
-            from posttrain.models.fsdp import load_full_model_state
+            from posttrain.modeling.fsdp import load_full_model_state
 
             load_full_model_state(self.model, saved)
             return

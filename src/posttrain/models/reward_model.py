@@ -15,9 +15,10 @@ import torch
 
 from posttrain.data.batching import TokenBatch
 from posttrain.errors import UserError
-from posttrain.models.attention import use_eager_for_softcapping
-from posttrain.models.packing import packed_hidden_states
-from posttrain.models.policy import MASTER_DTYPE, Policy
+from posttrain.modeling.attention import use_eager_for_softcapping
+from posttrain.modeling.loading import MASTER_DTYPE
+from posttrain.modeling.packing import packed_hidden_states
+from posttrain.models.policy import Policy
 
 
 def resolve_model_folder(path: str | Path) -> Path:
@@ -73,7 +74,7 @@ def sequence_scores(
 ) -> torch.Tensor:
     """[B] scores (at least fp32): the head at each right-padded sequence's last real token (only B head rows computed).
 
-    `packed`: the decoder runs on the real tokens only (`posttrain.models.packing`)."""
+    `packed`: the decoder runs on the real tokens only (`posttrain.modeling.packing`)."""
     if packed:
         hidden = packed_hidden_states(model, input_ids, attention_mask)
     else:

@@ -17,13 +17,13 @@ import torch
 
 from posttrain.data.batching import TokenBatch
 from posttrain.errors import MissingFileError, UserError
+from posttrain.modeling.loading import DTYPES, load_causal_lm, pick_device
 from posttrain.models.distill_logprobs import (
     PositionInputs,
     TeacherTopK,
     scored_position_inputs,
     teacher_topk,
 )
-from posttrain.models.policy import DTYPES, load_causal_lm, pick_device
 
 
 class TokenizerMismatchError(UserError):
@@ -99,7 +99,7 @@ def prepare_teacher(
     """(the teacher's model folder, the vocabulary size to cut its logits to or None) after checking
     that its tokenizer is the student's. The teacher's extra output rows (a larger padded embedding)
     are ids the student cannot produce, so its logits are cut to the student's vocabulary."""
-    from posttrain.models.tokenizer import load_tokenizer
+    from posttrain.modeling.tokenizer import load_tokenizer
 
     teacher_path, teacher_tokenizer = resolve_teacher(model_name, tokenizer_name)
     check_same_tokenizer(

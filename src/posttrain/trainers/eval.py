@@ -34,7 +34,7 @@ from posttrain.environments.group import EnvironmentGroup
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.text_generation import LocalGenerator
 from posttrain.logging.timer import Timer
-from posttrain.models.tokenizer import load_tokenizer, require_chat_template
+from posttrain.modeling.tokenizer import load_tokenizer, require_chat_template
 from posttrain.rollout.rollout import Rollouts, run_rollouts, transcript
 from posttrain.rollout.tasks import load_tasks
 from posttrain.trainers.common import prepare_run_dir, seed_everything
@@ -252,7 +252,7 @@ def run_loss_eval(cfg: EvalConfig, model_dir: str, tokenizer: Any, out_dir: Path
     import torch
 
     from posttrain.data.sft import build_sft_dataset
-    from posttrain.models.policy import DTYPES, load_causal_lm
+    from posttrain.modeling.loading import DTYPES, load_causal_lm
 
     data = build_sft_dataset(cfg.data.dataset, tokenizer, max_seq_len=cfg.max_seq_len)
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"

@@ -62,8 +62,8 @@ from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.worker import refit_cast_dtype
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
+from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.models.teacher import prepare_teacher
-from posttrain.models.tokenizer import training_tokenizer
 from posttrain.rollout.agent import run_agent_rollouts
 from posttrain.rollout.rollout import (
     RLBatch,

@@ -30,7 +30,7 @@ from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_curves
-from posttrain.models.tokenizer import training_tokenizer
+from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.trainers.common import (
     GracefulStop,
     epochs_notice,

@@ -28,7 +28,7 @@ from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_run
 from posttrain.logging.progress import phase
-from posttrain.models.tokenizer import training_tokenizer
+from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.trainers.common import (
     GracefulStop,
     epochs_notice,

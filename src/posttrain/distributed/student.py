@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from posttrain.data.batching import TokenBatch
-from posttrain.models.actor import ActorPolicy
+from posttrain.distributed.actor import ActorPolicy
 from posttrain.models.distill_logprobs import StudentTopK, TeacherTopK, student_topk
 from posttrain.models.teacher import Teacher
 

@@ -1,4 +1,6 @@
-"""RL additions to the training policy: generation with the training weights (colocated), a frozen
+"""The role that both trains and samples, beside its worker group (`actor_group.ActorGroup`).
+
+RL additions to the training policy: generation with the training weights (colocated), a frozen
 reference model for the KL penalty, and packed weights for refit. The generation-only worker of split
 placement is `posttrain.generation.worker.GenerationWorker`."""
 
@@ -13,7 +15,12 @@ import torch
 
 from posttrain.config.schema import GenerationConfig, PolicyConfig
 from posttrain.data.batching import TokenBatch
-from posttrain.generation.refit import (
+from posttrain.generation.worker import Sampling, build_vllm_engine
+from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, compute_autocast, load_causal_lm
+from posttrain.modeling.tokenizer import load_tokenizer
+from posttrain.models.logprobs import batched_logprobs
+from posttrain.models.policy import Policy, full_tensor
+from posttrain.weights.refit import (
     BucketLayout,
     NumpyBucket,
     RefitGroup,
@@ -25,17 +32,6 @@ from posttrain.generation.refit import (
     plan_buckets,
     send_buckets,
 )
-from posttrain.generation.worker import Sampling, build_vllm_engine
-from posttrain.models.logprobs import batched_logprobs
-from posttrain.models.policy import (
-    DTYPES,
-    MASTER_DTYPE,
-    Policy,
-    compute_autocast,
-    full_tensor,
-    load_causal_lm,
-)
-from posttrain.models.tokenizer import load_tokenizer
 
 
 def _in_ray_worker() -> bool:

@@ -4,8 +4,9 @@ transformers dispatches every decoder's attention through `AttentionInterface` b
 `config._attn_implementation`, and builds masks through `AttentionMaskInterface` by the same name.
 posttrain adds two:
 
-- `PACKED_ATTENTION` (`posttrain.models.packing.packed_attention`): sequences packed end to end in
-  one row attend only to themselves; no mask is built.
+- `PACKED_ATTENTION` (`posttrain.modeling.packing.packed_attention`): sequences packed end to end in
+  one row attend only to themselves; no mask is built. `packing` passes its function to
+  `attention_implementation`, so this module imports nothing of `packing` (no import circle).
 - `GQA_SDPA_ATTENTION`: `torch.nn.functional.scaled_dot_product_attention` with grouped-query heads
   handled by the kernel (`enable_gqa`), also when there is a padding mask. transformers' own "sdpa"
   copies K and V to every query head whenever a mask is given (`repeat_kv`); when decoding a
@@ -14,13 +15,13 @@ posttrain adds two:
 
 transformers' "sdpa" attention silently drops Gemma 2's `attn_logit_softcapping` (its scores are
 soft-capped only by "eager"), so `use_eager_for_softcapping` switches such a model to "eager" when
-posttrain loads it; the packed path applies the soft-cap itself (`posttrain.models.packing`).
+posttrain loads it; the packed path applies the soft-cap itself (`posttrain.modeling.packing`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -73,23 +74,26 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def register() -> None:
-    """Make posttrain's attention functions known to transformers (idempotent)."""
+def register(name: str | None = None, function: Callable[..., Any] | None = None) -> None:
+    """Make posttrain's GQA SDPA attention known to transformers, and `function` (an attention function
+    that builds no mask, e.g. `packing.packed_attention`) under `name` if given (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    from posttrain.models.packing import packed_attention
-
-    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-    AttentionMaskInterface.register(PACKED_ATTENTION, _no_mask)
+    if name is not None and function is not None:
+        AttentionInterface.register(name, function)
+        AttentionMaskInterface.register(name, _no_mask)
     AttentionInterface.register(GQA_SDPA_ATTENTION, gqa_sdpa_attention)
     AttentionMaskInterface.register(GQA_SDPA_ATTENTION, sdpa_mask)
 
 
 @contextmanager
-def attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Run every attention layer of `model` with the attention function `name` while the block runs."""
-    register()
+def attention_implementation(
+    model: torch.nn.Module, name: str, function: Callable[..., Any] | None = None
+) -> Iterator[None]:
+    """Run every attention layer of `model` with the attention function `name` while the block runs;
+    `function` registers it first (a posttrain function that transformers does not know yet)."""
+    register(name, function)
     config = model.config
     previous = config._attn_implementation
     config._attn_implementation = name

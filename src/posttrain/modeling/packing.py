@@ -17,7 +17,7 @@ decoder on the N real tokens only, laid end to end as one [1, N] row:
   cannot do) computes its scores explicitly on the grid, as transformers' "eager" attention does.
 
 The attention function is registered with transformers under `PACKED_ATTENTION` and selected
-only for the duration of one packed forward (`posttrain.models.attention`); its mask function
+only for the duration of one packed forward (`posttrain.modeling.attention`); its mask function
 returns no mask, because `packed_attention` does not use one.
 
 The result equals the padded forward up to float rounding (test: tests/functional/test_packing.py).
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from posttrain.models.attention import PACKED_ATTENTION, attention_implementation, gqa_sdpa_attention
+from posttrain.modeling.attention import PACKED_ATTENTION, attention_implementation, gqa_sdpa_attention
 
 
 class PackedLayout:
@@ -153,7 +153,7 @@ def _packed_forward(
     **kwargs: Any,
 ) -> Any:
     """`module` (the decoder or the whole model) on the packed [1, N] row, with packed attention."""
-    with attention_implementation(model, PACKED_ATTENTION):
+    with attention_implementation(model, PACKED_ATTENTION, packed_attention):
         out = module(
             input_ids=input_ids[layout.valid].unsqueeze(0),
             position_ids=layout.positions,
