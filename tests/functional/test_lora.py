@@ -167,7 +167,7 @@ def test_adapter_only_checkpoint_resumes_bit_exactly(tiny_model_dir, tokenizer, 
 
 
 def test_resume_refuses_another_lora_shape(tiny_model_dir, tmp_path):
-    from posttrain.models.policy import CheckpointMismatchError
+    from posttrain.modeling.loading import CheckpointMismatchError
 
     _actor(tiny_model_dir).save_checkpoint(str(tmp_path / "ckpt"))
     other = _actor(tiny_model_dir, _cfg(LoraConfig(rank=RANK, target_modules=["q_proj"])))

@@ -112,8 +112,8 @@ def test_critic_checkpoint_resumes_bit_exactly(tiny_model_dir, tokenizer, tmp_pa
 def test_trained_critic_loads_from_its_checkpoint(tiny_model_dir, tokenizer, tmp_path):
     """`load_trained_value_model` (benchmarks/critic_ceiling.py) reads back the trained critic: the
     same values as the live one, and a clear error for a folder without its weights."""
+    from posttrain.modeling.loading import CheckpointMismatchError
     from posttrain.models.critic import load_trained_value_model, token_values
-    from posttrain.models.policy import CheckpointMismatchError
 
     batch = _batch(tokenizer, 3)
     critic = _critic(tiny_model_dir)

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from posttrain.config import ConfigError, SFTConfig, load_config
 from posttrain.distributed.workers import WorkerError
-from posttrain.models.policy import CheckpointMismatchError
+from posttrain.modeling.loading import CheckpointMismatchError
 from posttrain.trainers.sft import run_sft
 
 

@@ -3,7 +3,7 @@
 Each episode is one OpenEnv session over the server's WebSocket route (`/ws`): `reset` sends
 `{"seed", "episode_id", "task"}` (servers take the keys their `reset` accepts), every `step` sends the
 episode's last assistant message as the action `{action_field: content}`. An observation becomes chat
-messages: its `messages` field when it has one (posttrain's servers, `posttrain.serve.protocol`), else
+messages: its `messages` field when it has one (posttrain's servers, `posttrain.environments.openenv_protocol`), else
 its `observation_field` as one `observation_role` message, else the whole observation as JSON. Its
 `scored`, `info`, `tools`, `stop_strings` and `response_prefix` fields are read when present.
 
@@ -42,8 +42,8 @@ from posttrain.environments.interface import (
     register_environment,
     verifier_error_metrics,
 )
+from posttrain.environments.openenv_protocol import MESSAGES_FIELD, observation_digest
 from posttrain.errors import UserError
-from posttrain.serve.protocol import MESSAGES_FIELD, observation_digest
 
 SESSION_KEY = "openenv"
 """Metadata key of an episode's session record: episode_id, seed, task, start_len, digests, failed."""

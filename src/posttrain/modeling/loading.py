@@ -17,6 +17,11 @@ MASTER_DTYPE = torch.float32
 """The dtype of trained parameters, their gradients and the optimizer state, whatever `policy.dtype` is."""
 
 
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint that was saved for a different model than the configured policy (raised by
+    `posttrain.models.policy` and `posttrain.models.lora` when saved weights do not fit the model)."""
+
+
 def compute_autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
     """Forward passes of fp32 parameters computed in `dtype`: `torch.autocast` for a dtype narrower
     than fp32 (matmuls in bf16, reductions and norms as autocast keeps them), else nothing."""

@@ -290,7 +290,7 @@ def load_adapter(model: torch.nn.Module, directory: str | Path) -> dict[str, tor
     exactly the folder's)."""
     from safetensors.torch import load_file
 
-    from posttrain.models.policy import CheckpointMismatchError
+    from posttrain.modeling.loading import CheckpointMismatchError
 
     path = Path(directory)
     if not (path / ADAPTER_WEIGHTS).is_file():

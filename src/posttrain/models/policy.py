@@ -30,7 +30,14 @@ import torch.distributed as dist
 from posttrain.algorithms.metrics import accumulate_metrics
 from posttrain.config.schema import PolicyConfig
 from posttrain.data.batching import TokenBatch
-from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, compute_autocast, load_causal_lm, pick_device
+from posttrain.modeling.loading import (
+    DTYPES,
+    MASTER_DTYPE,
+    CheckpointMismatchError,
+    compute_autocast,
+    load_causal_lm,
+    pick_device,
+)
 from posttrain.models.logprobs import batched_logprobs, token_logprobs
 from posttrain.models.optim import build_optimizer
 from posttrain.weights.refit import weights_checksum
@@ -38,10 +45,6 @@ from posttrain.weights.refit import weights_checksum
 LossFn = Callable[[torch.Tensor, TokenBatch, float], tuple[torch.Tensor, dict[str, float]]]
 """(token_logprobs [B, T] (`Policy.loss_inputs`; a reward model gives scores [B]), microbatch, global
 normalizer) -> (loss, metrics summed over microbatches)."""
-
-
-class CheckpointMismatchError(RuntimeError):
-    """A checkpoint that was saved for a different model than the configured policy."""
 
 
 @dataclass

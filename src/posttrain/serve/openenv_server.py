@@ -5,7 +5,7 @@ episode per session. Each OpenEnv session (a `/ws` connection) holds one episode
 and metadata. `reset(seed, task)` calls the environment's `reset([task], [seed])` (or starts from the
 task's messages, `task_start`); each `step(action)` appends the action as the assistant message and
 calls `step([log], [metadata])`. The observation carries the environment's next messages, reward,
-done and posttrain's extensions (`scored`, `info`, generation controls; see `posttrain.serve.protocol`).
+done and posttrain's extensions (`scored`, `info`, generation controls; see `posttrain.environments.openenv_protocol`).
 
 Without a `task` in the reset, an environment that draws its own tasks (`generate_tasks(count, seed)`,
 the sliding puzzle) draws one from the seed; any other needs the task (a math problem and its answer).
@@ -42,7 +42,7 @@ from posttrain.environments.interface import (
     observation_messages,
     task_start,
 )
-from posttrain.serve.protocol import VERIFY_ROUTE
+from posttrain.environments.openenv_protocol import VERIFY_ROUTE
 
 SPEC_VARIABLE = "POSTTRAIN_SERVE_SPEC"
 """Environment variable holding the JSON spec (name, kwargs, max_concurrency) for `app_from_environ`,
@@ -64,7 +64,7 @@ class ChatAction(Action):
 
 
 class ChatObservation(Observation):
-    """The environment's answer: next messages plus posttrain's fields (see `posttrain.serve.protocol`)."""
+    """The environment's answer: next messages plus posttrain's fields (see `posttrain.environments.openenv_protocol`)."""
 
     messages: list[dict[str, Any]] = Field(
         default_factory=list, description="The environment's next messages"

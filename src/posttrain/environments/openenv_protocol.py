@@ -1,4 +1,5 @@
-"""The wire format shared by posttrain's OpenEnv server and its `openenv` client (no OpenEnv import).
+"""The wire format shared by posttrain's OpenEnv server (`posttrain.serve`) and its `openenv` client
+(`posttrain.environments.openenv_env`); it imports nothing of either, nor OpenEnv.
 
 OpenEnv's WebSocket route (`/ws`) carries, per session, `{"type": "reset", "data": {...}}` and
 `{"type": "step", "data": <action>}` and answers `{"type": "observation", "data": {"observation":
