@@ -615,6 +615,15 @@ class EnvironmentConfig(Strict):
         "is stepped). An FSDP2-sharded colocated policy with the HF backend always uses the "
         "turn-by-turn loop.",
     )
+    max_concurrent_steps: int = Field(
+        4,
+        gt=0,
+        description="Without a turn barrier, environment calls run off the decoder's thread while it "
+        "decodes the other episodes: at most this many calls in flight per generation worker (and "
+        "at once in each Ray environment worker), for an environment that may be stepped from several "
+        "threads (`concurrent_steps = True`, e.g. `latency`); any other is stepped one call at a time. "
+        "Turns that end while the bound is reached wait and go together in the next call.",
+    )
     agent: AgentConfig | None = Field(
         None,
         description="Agent rollouts (docs/agents.md): your agent function or program plays each episode "

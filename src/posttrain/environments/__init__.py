@@ -1,6 +1,7 @@
 """Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
 reward model, reasoning-gym tasks, the sliding puzzle game, tools (calculator, python), code (sandboxed tests),
-LLM-as-judge, and any OpenEnv server by URL (`openenv`).
+LLM-as-judge, any OpenEnv server by URL (`openenv`), and any of them behind a step latency
+(`latency`, for benchmarks).
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
 See docs/environments.md for writing your own.
@@ -24,6 +25,7 @@ from posttrain.environments.interface import (
     task_start,
 )
 from posttrain.environments.judge import JudgeEnvironment
+from posttrain.environments.latency import LatencyEnvironment
 from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
 from posttrain.environments.math_format import MathFormatEnvironment
 from posttrain.environments.openenv_env import OpenEnvEnvironment
@@ -47,6 +49,7 @@ __all__ = [
     "Environment",
     "EpisodeStart",
     "JudgeEnvironment",
+    "LatencyEnvironment",
     "MathEnvironment",
     "MathFormatEnvironment",
     "OpenEnvEnvironment",

@@ -14,6 +14,10 @@ Per-sample verifier failures are the environment's business (they score 0 and ar
 An exception from a worker's `step` (a bug, bad metadata) fails the whole batch and is raised
 here as `WorkerError`, naming the worker and carrying its traceback.
 
+A rollout loop without a turn barrier calls `step` from threads while it decodes
+(`posttrain.rollout.env_calls`): up to `max_concurrent_steps` calls at once when the environment
+class declares `concurrent_steps = True` (the `latency` wrapper), else one at a time.
+
 Environment actors reserve `cpus_per_worker` CPUs (0 by default), so they always fit next to
 policy and generation workers, which hold the CPUs through placement groups; verification is
 short and bursty, between generation and training.
@@ -78,6 +82,10 @@ class EnvironmentGroup:
         backend: "ray" (actors; Ray is started with `init_ray` if it is not running) or "local"
             (in this process, for debugging).
         cpus_per_worker: CPUs each actor reserves from Ray's scheduler.
+        max_concurrent_steps: how many `step` calls a rollout loop may have in flight on this group
+            (`posttrain.rollout.env_calls`), for an environment class that declares
+            `concurrent_steps = True` (safe to step from several threads at once; its Ray actors then
+            run that many calls at once); 1 for any other.
     """
 
     def __init__(
@@ -88,10 +96,16 @@ class EnvironmentGroup:
         num_workers: int = 1,
         backend: Literal["ray", "local"] = "ray",
         cpus_per_worker: float = 0.0,
+        max_concurrent_steps: int = 1,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if max_concurrent_steps < 1:
+            raise ValueError(f"max_concurrent_steps must be >= 1, got {max_concurrent_steps}")
         env_cls = resolve_environment(name)
+        concurrent = bool(getattr(env_cls, "concurrent_steps", False))
+        self.max_concurrent_steps = max_concurrent_steps if concurrent else 1
+        """The bound on step calls in flight that rollout loops read (`concurrency_bound`)."""
         kwargs = dict(kwargs or {})
         label = name if isinstance(name, str) else env_cls.__name__
         self.backend = backend
@@ -116,7 +130,9 @@ class EnvironmentGroup:
             actor_cls = ray.remote(_EnvWorker)
             self.names = [f"env-{label}-{rank}" for rank in range(num_workers)]
             self._actors = [
-                actor_cls.options(num_cpus=cpus_per_worker).remote(env_cls, kwargs)
+                actor_cls.options(num_cpus=cpus_per_worker, max_concurrency=self.max_concurrent_steps).remote(
+                    env_cls, kwargs
+                )
                 for _ in range(num_workers)
             ]
             try:

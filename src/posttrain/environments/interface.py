@@ -383,10 +383,14 @@ def check_environment(name: str | type, kwargs: dict[str, Any]) -> None:
 def episode_turn_limit(cls: type, kwargs: dict[str, Any]) -> tuple[str, int] | None:
     """(argument, value): the constructor argument that bounds an episode's turns, which an
     environment class names in `turn_limit_kwarg` (the sliding puzzle's "max_moves", reasoning-gym's
-    "max_tries"), and its value in `kwargs` or, absent there, its default. None for a class without one.
+    "max_tries"), and its value in `kwargs` or, absent there, its default; or what a class's own
+    `turn_limit(kwargs)` returns (a wrapper: its inner environment's). None for a class without one.
 
     The rollout's `environment.max_turns` must be at least that value, or episodes are cut before
     the environment pays their last turn (config validation checks it)."""
+    own = getattr(cls, "turn_limit", None)  # a wrapper names its inner environment's (latency)
+    if own is not None:
+        return own(kwargs)
     name = getattr(cls, "turn_limit_kwarg", None)
     if name is None:
         return None

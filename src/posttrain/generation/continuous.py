@@ -10,6 +10,8 @@ turn barrier). `ContinuousDecoder` holds the running batch:
   running rows are shifted right in a new buffer (a copy of the cache, the price of joining).
 - `step()`: sample one token for every row (one forward of the whole batch), return each row's
   token and logprob, and drop the rows that finished (EOS, a stop string, or their token budget).
+  A row may sample from a random stream of its own (`generators=` of `add` / `resume`): its tokens
+  then do not depend on which other rows share its steps (up to the logits' batch rounding).
 
 The distribution sampled is the sampler's (`choose_tokens`: softmax(logits / T), top-k, top-p,
 logprobs before truncation), and attention is the same SDPA call with the same masks and
@@ -80,6 +82,8 @@ class Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finished_by: str = ""  # "eos" | "stop" | "length" once finished
+    generator: torch.Generator | None = None
+    """The row's own random stream (one uniform number a token), or None: the decoder's `generator`."""
     cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     """With `keep_cache`, once finished: per layer the row's keys and values [H, L, D] for every
     token it has seen except its last sampled one (not yet run through the model); `resume` goes on
@@ -146,8 +150,10 @@ class ContinuousDecoder:
         prompts: list[list[int]],
         budgets: list[int],
         stop_strings: list[tuple[str, ...]],
+        generators: list[torch.Generator | None] | None = None,
     ) -> None:
-        """Prefill `prompts` (each distinct one once) and join them to the running batch."""
+        """Prefill `prompts` (each distinct one once) and join them to the running batch; `generators`:
+        each row's own random stream (None: the decoder's)."""
         if not prompts:
             return
         if any(s for s in stop_strings) and self.tokenizer is None:
@@ -169,7 +175,7 @@ class ContinuousDecoder:
         new_logits = out.logits[:, -1][rows]
         new_mask = mask[rows]
         self._join(fresh, rows, new_mask, new_logits)
-        self.rows += [Row(k, b, tuple(s)) for k, b, s in zip(keys, budgets, stop_strings, strict=True)]
+        self._add_rows(keys, budgets, stop_strings, generators)
 
     @torch.no_grad()
     def resume(
@@ -179,6 +185,7 @@ class ContinuousDecoder:
         new_tokens: list[list[int]],
         budgets: list[int],
         stop_strings: list[tuple[str, ...]],
+        generators: list[torch.Generator | None] | None = None,
     ) -> None:
         """Join rows that continue where a finished row (`Row.cache`) stopped: only `new_tokens` (its
         last sampled token, then e.g. an observation) run through the model, on top of the kept cache.
@@ -220,7 +227,18 @@ class ContinuousDecoder:
         )
         rows = torch.arange(len(keys), device=self.device)
         self._join(fresh, rows, mask, out.logits[:, -1])
-        self.rows += [Row(k, b, tuple(s)) for k, b, s in zip(keys, budgets, stop_strings, strict=True)]
+        self._add_rows(keys, budgets, stop_strings, generators)
+
+    def _add_rows(
+        self,
+        keys: list[Any],
+        budgets: list[int],
+        stop_strings: list[tuple[str, ...]],
+        generators: list[torch.Generator | None] | None,
+    ) -> None:
+        generators = generators if generators is not None else [None] * len(keys)
+        rows = zip(keys, budgets, stop_strings, generators, strict=True)
+        self.rows += [Row(k, b, tuple(s), generator=g) for k, b, s, g in rows]
 
     def _join(
         self, fresh: DynamicCache, rows: torch.Tensor, new_mask: torch.Tensor, new_logits: torch.Tensor
@@ -251,6 +269,7 @@ class ContinuousDecoder:
             top_k=self.top_k,
             top_p=self.top_p,
             generator=self.generator,
+            uniforms=self._row_uniforms(),
         )
         finished = []
         for row, token, logprob in zip(self.rows, tokens.tolist(), logprobs.tolist(), strict=True):
@@ -295,6 +314,13 @@ class ContinuousDecoder:
         self.logits = out.logits[:, -1]
         self.positions = self.positions + 1
         return finished
+
+    def _row_uniforms(self) -> torch.Tensor | None:
+        """[B] one uniform number per row from its own stream (a row without one: the decoder's
+        `generator`), when any row has one and sampling is random; else None."""
+        if self.temperature == 0 or all(row.generator is None for row in self.rows):
+            return None
+        return torch.cat([torch.rand(1, generator=row.generator or self.generator) for row in self.rows])
 
     def _grow(self) -> None:
         """More free cache columns for the running rows (a copy into larger buffers)."""

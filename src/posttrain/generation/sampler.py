@@ -68,11 +68,14 @@ def choose_tokens(
     top_k: int | None,
     top_p: float,
     generator: torch.Generator | None,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(next tokens [B], their logprobs [B] under softmax(logits / T)); greedy when temperature is 0.
 
     Sampling inverts the CDF with one uniform number per row (searchsorted over the cumulative
-    probabilities), which costs far less than exponential noise over the whole vocabulary."""
+    probabilities), which costs far less than exponential noise over the whole vocabulary. The
+    numbers are drawn from `generator`, or given: `uniforms` [B] in [0, 1) (rows with random streams
+    of their own, `ContinuousDecoder`)."""
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(-1)
@@ -82,7 +85,10 @@ def choose_tokens(
     filtered = filter_top_k_top_p(scaled, top_k, top_p)
     probs = logprobs.exp() if filtered is scaled else filtered.softmax(-1)
     cdf = probs.cumsum(-1)
-    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    if uniforms is None:
+        u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    else:
+        u = uniforms.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 

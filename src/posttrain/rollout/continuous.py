@@ -5,10 +5,18 @@ ready, inside one continuously batched decode (`posttrain.generation.continuous.
     while episodes are running or queued:
         rows from the queue join the decode batch (up to batch_size rows)
         one decode step for every row
-        the rows whose turn ended leave: their environment step runs now (one batched call for the
-        rows that ended on the same step; for an environment that needs whole groups, such as the
-        pairwise judge, once every running episode of the row's group has ended its turn); an
-        episode that goes on joins the queue with its observation appended
+        the rows whose turn ended leave: their environment step is submitted (one batched call for
+        the rows that ended on the same step, or that waited for a free slot; for an environment
+        that needs whole groups, such as the pairwise judge, once every running episode of the
+        row's group has ended its turn) and runs on another thread while decoding goes on
+        the calls that returned: each episode that goes on joins the queue with its observation
+        (the loop waits for a call only when it has nothing to decode)
+
+Environment calls never block the decoder (`posttrain.rollout.env_calls.EnvironmentCalls`): at most
+`environment.max_concurrent_steps` are in flight per worker, for environments that may be called
+from several threads at once (`concurrent_steps`), else one; ended turns wait for a free slot and go
+together (backpressure). Each episode turn samples from a random stream of its own, so the order in
+which calls return does not decide which random numbers a row draws.
 
 Where the turn-by-turn loop waits for the batch's longest reply before any environment step, and
 for every environment step before the next turn, here a short reply's episode is stepped and
@@ -34,6 +42,7 @@ import torch
 from posttrain.environments.interface import EnvStepResult
 from posttrain.generation.continuous import ContinuousDecoder
 from posttrain.generation.sampling import SamplingParams, _eos_ids, sampling_seed
+from posttrain.rollout.env_calls import EnvironmentCalls, concurrency_bound
 from posttrain.rollout.rollout import (
     EpisodeLimits,
     Trajectory,
@@ -53,13 +62,18 @@ def episode_loop(
     batch_size: int,
     limits: EpisodeLimits,
     seed: int | None = None,
+    stream: int = 0,
 ) -> tuple[list[Trajectory], list[EnvStepResult]]:
     """Run `trajectories` (fresh episodes, prompts only) to their ends with continuous batching.
 
-    Returns the trajectories (the same objects, in the same order) and the environment's step results."""
+    Environment calls run off this thread (`EnvironmentCalls`, at most `concurrency_bound(environment)`
+    in flight): the decoder keeps decoding the other episodes while a call waits, and blocks only when
+    it has nothing to decode. Turn n of episode k samples from a random stream of its own, seeded
+    `sampling_seed(turn_seed(seed, n), stream, k)` (as the vLLM loop's requests), so the order in which
+    calls return does not change which random numbers a row draws. Returns the trajectories (the same
+    objects, in the same order) and the environment's step results (in submission order)."""
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    generator = torch.Generator().manual_seed(seed) if seed is not None and params.temperature > 0 else None
     decoder = ContinuousDecoder(
         model,
         eos_ids=eos_ids,
@@ -68,37 +82,58 @@ def episode_loop(
         top_p=params.top_p,
         top_k=params.top_k,
         tokenizer=tokenizer,
-        generator=generator,
         room=params.max_new_tokens,
         keep_cache=True,
     )
+    seeds = None if seed is None or params.temperature == 0 else (seed, stream)
     queue = list(range(len(trajectories)))
     kept: dict[int, list] = {}  # episode -> the KV cache of its finished turn, while it waits
-    waiting: dict[int, tuple] = {}  # episode -> (its ended turn, its cache), until it is stepped
+    waiting: dict[int, tuple] = {}  # episode -> (its ended turn, its cache), until it is submitted
     whole_groups = needs_whole_groups(environment)
-    results: list[EnvStepResult] = []
     was_training = model.training
     model.eval()
     try:
-        while queue or len(decoder):
-            joining, queue = (
-                queue[: max(batch_size - len(decoder), 0)],
-                queue[max(batch_size - len(decoder), 0) :],
-            )
-            _join(decoder, trajectories, joining, kept, params, limits)
-            for row in decoder.step():
-                waiting[row.key] = ((row.tokens, row.logprobs, row.finished_by == "length"), row.cache)
-            ready = ready_to_step(list(waiting), trajectories, whole_groups)
-            if ready:
-                turns = [waiting[k][0] for k in ready]
-                going_on = _step_ended(ready, turns, trajectories, environment, tokenizer, limits, results)
-                kept.update({k: waiting[k][1] for k in going_on})
-                for k in ready:
-                    del waiting[k]
-                queue += going_on
+        with EnvironmentCalls(environment, concurrency_bound(environment)) as calls:
+            while queue or len(decoder) or waiting or calls.busy:
+                room = max(batch_size - len(decoder), 0)
+                joining, queue = queue[:room], queue[room:]
+                _join(decoder, trajectories, joining, kept, params, limits, seeds)
+                for row in decoder.step():
+                    waiting[row.key] = ((row.tokens, row.logprobs, row.finished_by == "length"), row.cache)
+                if waiting and calls.room:
+                    _submit_ready(calls, waiting, kept, trajectories, whole_groups, tokenizer, limits)
+                idle = not len(decoder) and not queue
+                if idle and not calls.busy:
+                    raise RuntimeError(f"episodes {sorted(waiting)} wait for a step that was never submitted")
+                for call, result in calls.finished(block=idle):
+                    going_on = _apply_step(call.keys, call.turn_ids, result, trajectories, tokenizer, limits)
+                    queue += going_on
+                    for k in call.keys:
+                        if k not in going_on:
+                            kept.pop(k, None)
+            results = calls.results()
     finally:
         model.train(was_training)
     return trajectories, results
+
+
+def _submit_ready(
+    calls: EnvironmentCalls,
+    waiting: dict[int, tuple],
+    kept: dict[int, list],
+    trajectories: list[Trajectory],
+    whole_groups: bool,
+    tokenizer: Any,
+    limits: EpisodeLimits,
+) -> None:
+    """Record the turns of the waiting episodes that may be stepped now (`ready_to_step`), keep their
+    caches, and submit them in one environment call."""
+    ready = ready_to_step(list(waiting), trajectories, whole_groups)
+    if not ready:
+        return
+    turns = [waiting[k][0] for k in ready]
+    kept.update({k: waiting.pop(k)[1] for k in ready})
+    _submit_turns(calls, ready, turns, trajectories, tokenizer, limits)
 
 
 def needs_whole_groups(environment: Any) -> bool:
@@ -125,9 +160,11 @@ def _join(
     kept: dict[int, list],
     params: SamplingParams,
     limits: EpisodeLimits,
+    seeds: tuple[int, int] | None = None,
 ) -> None:
     """Episodes `keys` join the decode: new ones prefill their prompt, continuing ones run only what
-    came after their kept cache (their last sampled token and the observation)."""
+    came after their kept cache (their last sampled token and the observation). With `seeds` (base,
+    stream), each row samples from its own stream (`row_generator`)."""
 
     new = [k for k in keys if k not in kept]
     decoder.add(
@@ -135,6 +172,7 @@ def _join(
         [trajectories[k].input_ids for k in new],
         [turn_budget(trajectories[k], params, limits) for k in new],
         [turn_stops(trajectories[k], params) for k in new],
+        generators=[row_generator(trajectories[k], k, seeds) for k in new],
     )
     going_on = [k for k in keys if k in kept]
     caches = [kept.pop(k) for k in going_on]
@@ -144,7 +182,17 @@ def _join(
         [trajectories[k].input_ids[c[0][0].shape[1] :] for k, c in zip(going_on, caches, strict=True)],
         [turn_budget(trajectories[k], params, limits) for k in going_on],
         [turn_stops(trajectories[k], params) for k in going_on],
+        generators=[row_generator(trajectories[k], k, seeds) for k in going_on],
     )
+
+
+def row_generator(t: Trajectory, k: int, seeds: tuple[int, int] | None) -> torch.Generator | None:
+    """The random stream of episode k's next turn n (= t.num_turns) on worker `stream`, seeded
+    `sampling_seed(turn_seed(base, n), stream, k)` for `seeds` = (base, stream); None unseeded."""
+    if seeds is None:
+        return None
+    base, stream = seeds
+    return torch.Generator().manual_seed(sampling_seed(turn_seed(base, t.num_turns), stream, k))
 
 
 def turn_budget(t: Trajectory, params: SamplingParams, limits: EpisodeLimits) -> int:
@@ -159,27 +207,36 @@ def turn_stops(t: Trajectory, params: SamplingParams) -> tuple[str, ...]:
     return tuple(params.stop_strings) + t.stop_strings
 
 
-def _step_ended(
+def _submit_turns(
+    calls: EnvironmentCalls,
     keys: list[int],
     turns: list[tuple[list[int], list[float], bool]],
     trajectories: list[Trajectory],
-    environment: Any,
     tokenizer: Any,
     limits: EpisodeLimits,
-    results: list,
-) -> list[int]:
-    """Record the ended turns ((token ids, logprobs, truncated) of episodes `keys`), step their episodes
-    in one environment call; returns the episodes that go on."""
+) -> None:
+    """Record the ended turns ((token ids, logprobs, truncated) of episodes `keys`) and submit their
+    episodes' step in one environment call."""
     episodes = [trajectories[k] for k in keys]
     turn_ids = [
         record_turn(t, ids, lps, truncated, tokenizer, limits.max_seq_len, None, limits.max_episode_tokens)
         for t, (ids, lps, truncated) in zip(episodes, turns, strict=True)
     ]
-    result = environment.step([t.messages for t in episodes], [t.metadata for t in episodes])
-    results.append(result)
-    for j, t in enumerate(episodes):
-        apply_step(t, result, j, turn_ids[j], tokenizer, limits)
-    return [k for k, t in zip(keys, episodes, strict=True) if not t.done]
+    calls.submit(keys, turn_ids, [t.messages for t in episodes], [t.metadata for t in episodes])
+
+
+def _apply_step(
+    keys: list[int],
+    turn_ids: list[list[int]],
+    result: EnvStepResult,
+    trajectories: list[Trajectory],
+    tokenizer: Any,
+    limits: EpisodeLimits,
+) -> list[int]:
+    """Take a returned step of episodes `keys` into their trajectories; returns the episodes that go on."""
+    for j, k in enumerate(keys):
+        apply_step(trajectories[k], result, j, turn_ids[j], tokenizer, limits)
+    return [k for k in keys if not trajectories[k].done]
 
 
 def engine_episode_loop(
@@ -194,10 +251,11 @@ def engine_episode_loop(
     (`posttrain.generation.vllm_engine.VLLMGenerator`), one request per turn, with no turn barrier.
 
         submit every episode's first turn
-        while requests are pending:
+        while requests are pending or environment calls are in flight:
             one engine step (every running request decodes a token, queued ones prefill)
-            the requests that finished: record their turns, step their episodes (one environment
-            call), submit the next turn of each episode that goes on
+            the requests that finished: record their turns, submit their episodes' step (one
+            environment call, off this thread: `EnvironmentCalls`)
+            the calls that returned: submit the next turn of each episode that goes on
 
     Turn n of episode k samples with seed `sampling_seed(turn_seed(params.seed, n), params.seed_stream,
     k)`: its own, whatever the order requests finish in. Returns the trajectories (the same objects, in
@@ -205,7 +263,6 @@ def engine_episode_loop(
     pending: dict[str, tuple[int, tuple[str, ...]]] = {}  # request id -> (episode, its stop strings)
     waiting: dict[int, tuple[list[int], list[float], bool]] = {}  # episode -> its ended turn
     whole_groups = needs_whole_groups(environment)
-    results: list[EnvStepResult] = []
 
     def submit(k: int) -> None:
         t = trajectories[k]
@@ -219,19 +276,28 @@ def engine_episode_loop(
         pending[engine.submit(t.input_ids, turn, seed)] = (k, stops)
 
     try:
-        for k in range(len(trajectories)):
-            submit(k)
-        while pending:
-            if not engine.has_unfinished():
-                raise RuntimeError(f"the vLLM engine finished with {len(pending)} episode turns not reported")
-            for request_id, out in engine.step():
-                k, stops = pending.pop(request_id)
-                waiting[k] = engine.completion(out, stops)
-            ready = ready_to_step(list(waiting), trajectories, whole_groups)
-            if ready:
-                turns = [waiting.pop(k) for k in ready]
-                for k in _step_ended(ready, turns, trajectories, environment, tokenizer, limits, results):
-                    submit(k)
+        with EnvironmentCalls(environment, concurrency_bound(environment)) as calls:
+            for k in range(len(trajectories)):
+                submit(k)
+            while pending or waiting or calls.busy:
+                if pending and not engine.has_unfinished():
+                    raise RuntimeError(
+                        f"the vLLM engine finished with {len(pending)} episode turns not reported"
+                    )
+                for request_id, out in engine.step() if pending else []:
+                    k, stops = pending.pop(request_id)
+                    waiting[k] = engine.completion(out, stops)
+                ready = ready_to_step(list(waiting), trajectories, whole_groups) if calls.room else []
+                if ready:
+                    _submit_turns(
+                        calls, ready, [waiting.pop(k) for k in ready], trajectories, tokenizer, limits
+                    )
+                if not pending and not calls.busy and waiting:
+                    raise RuntimeError(f"episodes {sorted(waiting)} wait for a step that was never submitted")
+                for call, result in calls.finished(block=not pending):
+                    for k in _apply_step(call.keys, call.turn_ids, result, trajectories, tokenizer, limits):
+                        submit(k)
+            results = calls.results()
     finally:
         engine.abort(list(pending))  # an environment error leaves no request behind in the engine
     return trajectories, results
@@ -247,12 +313,12 @@ def run_episodes(
     limits: EpisodeLimits,
     stream: int,
 ) -> tuple[list[Trajectory], list[EnvStepResult]]:
-    """One worker's episodes with no turn barrier: `sampler` is its HF model (`episode_loop`, one
-    sampler seeded with `sampling_seed(params.seed, stream, 0)`) or its vLLM engine
-    (`engine_episode_loop`, a seed per request, worker `stream`)."""
+    """One worker's episodes with no turn barrier: `sampler` is its HF model (`episode_loop`) or its
+    vLLM engine (`engine_episode_loop`); either way a seed per episode turn, worker `stream`."""
     if isinstance(sampler, torch.nn.Module):
-        seed = None if params.seed is None else sampling_seed(params.seed, stream, 0)
-        return episode_loop(sampler, tokenizer, trajectories, environment, params, batch_size, limits, seed)
+        return episode_loop(
+            sampler, tokenizer, trajectories, environment, params, batch_size, limits, params.seed, stream
+        )
     params = dataclasses.replace(params, seed_stream=stream)
     return engine_episode_loop(sampler, tokenizer, trajectories, environment, params, limits)
 

@@ -504,6 +504,7 @@ class GRPOTrainer:
             cfg.environment.kwargs,
             num_workers=cfg.environment.num_workers,
             backend=cfg.cluster.backend,
+            max_concurrent_steps=cfg.environment.max_concurrent_steps,
         )
         self.loss_fn_knobs = self.make_loss_knobs()
         self.timer = Timer()
