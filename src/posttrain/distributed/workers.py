@@ -281,7 +281,8 @@ def _wait_all(refs: list, names: Sequence[str], local: list, timeout_s: float | 
 
 
 def init_ray(cluster: ClusterConfig) -> None:
-    """Attach to RAY_ADDRESS if set, else start a local Ray with this machine's CPUs (no dashboard)."""
+    """Attach to RAY_ADDRESS if set, else start a local Ray with this machine's CPUs (no dashboard,
+    token authentication: RAY_AUTH_MODE=token unless set)."""
     import ray
 
     if ray.is_initialized():
@@ -292,7 +293,23 @@ def init_ray(cluster: ClusterConfig) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=True)
     else:
+        local_token_auth()
         ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars}, log_to_driver=True)
+
+
+def local_token_auth() -> None:
+    """Token authentication for the local cluster this process starts, chosen explicitly: Ray's own
+    default for a new local cluster (a token in ~/.ray/auth_token), set the way `ray.init` sets it
+    (RAY_AUTH_MODE=token for this process and its children, Ray's cached config refreshed) but
+    without the warning Ray prints on every start when the mode is unset. RAY_AUTH_MODE set by the
+    user wins; a Ray without token authentication is left alone."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+    except ImportError:
+        return
+    _enable_token_auth()
 
 
 def make_workers(
