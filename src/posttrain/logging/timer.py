@@ -1,10 +1,13 @@
-"""Wall-clock timing of named phases: `with timer("generation"): ...`."""
+"""Wall-clock timing of named phases: `with timer("generation"): ...`; the block is also the run's
+console stage (`posttrain.logging.progress.stage`, named by `TIMER_STAGES`)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from posttrain.logging.progress import TIMER_STAGES, stage
 
 
 class Timer:
@@ -15,7 +18,8 @@ class Timer:
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with stage(TIMER_STAGES.get(name, name)):
+                yield
         finally:
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
 

@@ -27,7 +27,7 @@ from posttrain.data.tokenize import Message, encode_prompt, observation_ids
 from posttrain.environments.interface import EnvStepResult, EpisodeStart, observation_messages, task_start
 from posttrain.environments.tools import template_supports_tools, with_tools_in_system_prompt
 from posttrain.generation.sampling import GenerationOutput, SamplingParams
-from posttrain.logging.progress import Phase, phase
+from posttrain.logging.progress import Phase, phase, report
 from posttrain.logging.timer import Timer
 
 
@@ -403,6 +403,7 @@ def apply_step(
     t.done = env_done or full or t.num_turns >= limits.max_turns
     if t.done:
         t.stop_reason = "done" if env_done else "truncated" if full else "max_turns"
+        report("episode")  # wherever the episode ran (a worker too), the console's bar advances
         return
     messages = cut_observation(tokenizer, observation_messages(observation), limits.max_observation_tokens)
     extra = observation_ids(tokenizer, turn_ids, messages) + t.prefix_ids
@@ -429,7 +430,9 @@ def run_rollouts(
     max_episode_tokens: int | None = None,
 ) -> Rollouts:
     """Episodes for `tasks` (G each); `progress`: the description of a bar of finished episodes
-    shown on a terminal (`posttrain.logging.progress`), None for none.
+    shown on a terminal (`posttrain.logging.progress`), None for none. It advances as episodes end
+    (`apply_step` reports each, in this process or a worker), or with one turn as replies end (the
+    sampler reports them); vLLM's batch call advances it when the call returns.
 
     With `turn_barrier` (and always for one turn) they go turn by turn: every active episode
     generates, then every one is stepped by the environment. Without it each episode's next turn
@@ -458,7 +461,9 @@ def run_rollouts(
         first_group_id=first_group_id,
         tokenizer=tokenizer,
     )
-    with phase(progress, total=len(trajectories)) if progress else contextlib.nullcontext(Phase()) as bar:
+    counts = "reply" if max_turns == 1 else "episode"  # one turn: an episode ends with its reply
+    shown = phase(progress, total=len(trajectories), counts=counts) if progress else None
+    with shown or contextlib.nullcontext(Phase()) as bar:
         if not turn_barrier and max_turns > 1:
             from posttrain.rollout.continuous import run_continuous
 

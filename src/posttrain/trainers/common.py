@@ -8,6 +8,7 @@ import json
 import os
 import random
 import signal
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,10 @@ RESUMABLE_CHANGES = (
 often it validates, logs and saves, and what it validates on. Any other change refuses to resume."""
 
 
+RUN_STARTED: dict[Path, float] = {}
+"""When this process prepared each run directory (`time.monotonic()`): the start of the run's wall time."""
+
+
 def prepare_run_dir(run_dir: str | None, algorithm: str, config: BaseModel) -> Path:
     """Create the run directory and write the resolved config into it.
 
@@ -51,6 +56,7 @@ def prepare_run_dir(run_dir: str | None, algorithm: str, config: BaseModel) -> P
     the run uses. A folder that cannot be created or written is a `UserError` naming it.
     """
     path = Path(run_dir or f"runs/{algorithm}")
+    RUN_STARTED[path.resolve()] = time.monotonic()
     checkpoint = _resume_checkpoint(path, config)
     if checkpoint is not None:
         changes = resume_changes(checkpoint, config)
@@ -260,4 +266,47 @@ def print_interrupted(latest_checkpoint: Path | None) -> None:
     print(
         f"\ninterrupted; latest complete checkpoint: {latest_checkpoint or 'none'}. "
         "Run the same command to resume."
+    )
+
+
+def format_duration(seconds: float) -> str:
+    """A wall time for people: 9.5s, 2m 05s, 1h 02m 03s."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def best_metric(history: list[dict[str, float]], metric: str, mode: str) -> tuple[float, int] | None:
+    """(best value, its step) of `metric` over the history rows ("max" or "min" `mode`; the earliest
+    step on a tie; NaN never best); None when no row has a finite value of it."""
+    rows = [(row[metric], int(row.get("step", 0))) for row in history if metric in row]
+    rows = [(value, step) for value, step in rows if value == value]
+    if not rows:
+        return None
+    sign = -1.0 if mode == "max" else 1.0
+    return min(rows, key=lambda vs: (sign * vs[0], vs[1]))
+
+
+def run_summary(
+    result: Any, total_steps: int, checkpoint: CheckpointConfig, *, wall_s: float | None = None
+) -> str:
+    """The lines a trainer prints when its run ends (finished, stopped or failed): steps done, the best
+    value of `checkpoint.metric` (what keep_best ranks by, better as `checkpoint.mode`) and its step,
+    the last checkpoint, the run directory and the wall time since `prepare_run_dir` (`RUN_STARTED`;
+    or `wall_s`). `result`: a trainer's result (run_dir, step, history, last_checkpoint)."""
+    metric, mode = checkpoint.metric, checkpoint.mode
+    if wall_s is None:
+        wall_s = time.monotonic() - RUN_STARTED.get(Path(result.run_dir).resolve(), time.monotonic())
+    best = best_metric(result.history, metric, mode)
+    best_text = f"{best[0]:.6g} at step {best[1]}" if best else "not logged"
+    state = "finished" if result.step >= total_steps else "stopped"
+    return "\n".join(
+        [
+            f"run {state}: {result.step}/{total_steps} steps, wall time {format_duration(wall_s)}",
+            f"  best {metric} ({mode}): {best_text}",
+            f"  last checkpoint: {result.last_checkpoint or 'none'}",
+            f"  run dir: {result.run_dir}",
+        ]
     )

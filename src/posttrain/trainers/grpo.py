@@ -62,6 +62,7 @@ from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.worker import refit_cast_dtype
 from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
+from posttrain.logging.progress import staged
 from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.models.teacher import prepare_teacher
 from posttrain.rollout.agent import run_agent_rollouts
@@ -84,6 +85,7 @@ from posttrain.trainers.common import (
     make_checkpointer,
     prepare_run_dir,
     print_interrupted,
+    run_summary,
     save_controller_state,
     seed_everything,
     truncate_step_log,
@@ -822,6 +824,7 @@ class GRPOTrainer:
                 engine_dtype=self.engine_dtype,
             )
 
+    @staged("validate")
     def validate(self) -> dict[str, float]:
         if not self.val_problems:
             return {}
@@ -983,6 +986,7 @@ class GRPOTrainer:
         finally:
             if self.async_rollouts is not None:
                 self.async_rollouts.stop()
+            logger.info(run_summary(result, self.total_steps, cfg.checkpoint))
             logger.close()
             if cfg.logging.plots:
                 plot_run(self.run_dir, self.plots)

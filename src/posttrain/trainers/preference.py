@@ -30,6 +30,7 @@ from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_curves
+from posttrain.logging.progress import stage
 from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.trainers.common import (
     GracefulStop,
@@ -40,6 +41,7 @@ from posttrain.trainers.common import (
     make_checkpointer,
     prepare_run_dir,
     print_interrupted,
+    run_summary,
     save_controller_state,
     seed_everything,
     truncate_step_log,
@@ -112,6 +114,11 @@ class PreferenceTrainer:
 
     def validate(self) -> dict[str, float]:
         raise NotImplementedError
+
+    def staged_validate(self) -> dict[str, float]:
+        """`validate` as the run's "validate" stage on the console."""
+        with stage("validate"):
+            return self.validate()
 
     # ---------------------------------------------------------------- helpers
     def batch_of(self, indices: list[int], data: PreferenceDataset) -> PreferenceBatch:
@@ -187,6 +194,7 @@ class PreferenceTrainer:
         except WorkerLostError as e:
             raise e.with_checkpoint(self.checkpointer.latest()) from None
         finally:
+            logger.info(run_summary(result, self.total_steps, self.cfg.checkpoint))
             logger.close()
             plot_curves(self.run_dir, list(self.plots))
         return result
@@ -211,7 +219,7 @@ class PreferenceTrainer:
             deadline.record_save(time.perf_counter() - saving)
 
         if step == 0 and self.loop.val_at_start and self.val_data is not None:
-            log(0, self.validate())
+            log(0, self.staged_validate())
         done_here = 0
         while step < self.total_steps and (stop_after is None or done_here < stop_after):
             if stop.requested:
@@ -222,7 +230,8 @@ class PreferenceTrainer:
                 break
             start = time.perf_counter()
             batch = self.batch_of(self.sampler.next_batch(), self.train_data)
-            metrics = self.train_step(batch)
+            with stage("train"):
+                metrics = self.train_step(batch)
             step, done_here = step + 1, done_here + 1
             elapsed = time.perf_counter() - start
             metrics.update({"timing/step": elapsed, "pairs_per_s": batch.num_pairs / elapsed})
@@ -230,7 +239,7 @@ class PreferenceTrainer:
             log(step, metrics)
             result.step = step
             if self.val_data is not None and (step % self.loop.val_every == 0 or step == self.total_steps):
-                log(step, self.validate())
+                log(step, self.staged_validate())
             deadline.record_step(time.perf_counter() - start)  # with validation, if any
             if enabled and step % save_every == 0:
                 save(step)

@@ -27,7 +27,7 @@ from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.errors import WorkerLostError
 from posttrain.logging import MetricsLogger
 from posttrain.logging.plots import plot_run
-from posttrain.logging.progress import phase
+from posttrain.logging.progress import phase, stage, staged
 from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.trainers.common import (
     GracefulStop,
@@ -38,6 +38,7 @@ from posttrain.trainers.common import (
     make_checkpointer,
     prepare_run_dir,
     print_interrupted,
+    run_summary,
     save_controller_state,
     seed_everything,
     truncate_step_log,
@@ -107,7 +108,7 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
     checkpointer = make_checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     resume_from = resolve_resume(cfg.checkpoint.resume, checkpointer)
     policy = PolicyGroup(cfg.policy, cfg.cluster, model_path=model_path, total_steps=total_steps)
-    logger = None
+    logger, result = None, None
     try:
         step = 0
         if resume_from is not None:
@@ -153,6 +154,8 @@ def run_sft(cfg: SFTConfig, *, stop_after: int | None = None) -> SFTResult:
         raise e.with_checkpoint(checkpointer.latest()) from None
     finally:
         if logger:
+            if result is not None:
+                logger.info(run_summary(result, total_steps, cfg.checkpoint))
             logger.close()
             if cfg.logging.plots:
                 plot_run(run_dir, PLOTS)
@@ -176,6 +179,7 @@ def _train_loop(
     """Steps until total_steps, `stop_after` steps, the deadline or a stop signal; then a final save
     of the last finished step (unless it is saved already; none before the first step)."""
 
+    @staged("validate")
     def validate(step: int) -> None:
         if val_data is not None:
             loss = validation_loss(policy, val_data, cfg.sft.global_batch_size, cfg.sft.val_batches)
@@ -209,7 +213,8 @@ def _train_loop(
             break
         start = time.perf_counter()
         batch = collate([train_data.examples[i] for i in sampler.next_batch()])
-        out = policy.train(batch, sft_loss, normalizer=batch.num_target_tokens)
+        with stage("train"):
+            out = policy.train(batch, sft_loss, normalizer=batch.num_target_tokens)
         step += 1
         steps_this_run += 1
         elapsed = time.perf_counter() - start
