@@ -483,19 +483,39 @@ def _tiny_model(path: Path, tokenizer_dir: Path) -> Path:
 STYLE = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}
 
 
+NARROW = 50
+"""Below this many columns the checks are printed as a list, not a table."""
+
+
 def print_table(checks: list[Check], title: str) -> None:
-    """The checks as a rich table: check, status, what was found, fix."""
+    """The checks as a rich table (check, status, what was found, fix) as wide as the terminal
+    (`shutil.get_terminal_size`: the terminal, else $COLUMNS, else 80 columns for a pipe or a file),
+    its cells folded to fit; narrower than `NARROW`: one block of lines per check. No line is wider
+    than the width."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    width = shutil.get_terminal_size().columns
+    console = Console(width=width, soft_wrap=False)
+    if width < NARROW:
+        console.print(escape(title), overflow="fold")
+        for c in checks:
+            console.print(f"{escape(c.name)}: {_status(c)}", overflow="fold")
+            for label, text in (("found", c.detail), ("fix", c.fix)):
+                if text:
+                    console.print(f"  {label}: {escape(text)}", overflow="fold")
+        return
     table = Table(title=title, show_lines=False)
     for col in ("check", "status", "found", "fix"):
         table.add_column(col, overflow="fold")
     for c in checks:
-        status = STYLE[c.status] if c.needed or c.status == "ok" else f"{STYLE[c.status]} (not needed)"
-        table.add_row(escape(c.name), status, escape(c.detail), escape(c.fix))
-    Console(width=max(120, shutil.get_terminal_size().columns)).print(table)
+        table.add_row(escape(c.name), _status(c), escape(c.detail), escape(c.fix))
+    console.print(table)
+
+
+def _status(c: Check) -> str:
+    return STYLE[c.status] if c.needed or c.status == "ok" else f"{STYLE[c.status]} (not needed)"
 
 
 def missing(checks: list[Check]) -> list[Check]:
