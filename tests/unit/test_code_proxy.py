@@ -18,7 +18,7 @@ from posttrain.environments.code_proxy import proxy_blocker, run_proxy
 from posttrain.environments.code_trusted import CandidateError, raised
 from posttrain.sandbox import SandboxError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # starts sandbox processes
 
 GOOD = "def sum_digits(n):\n    return sum(int(d) for d in str(n))\n"
 LOOP = {
@@ -122,6 +122,8 @@ def test_exception_names_map_to_builtin_exceptions_only() -> None:
         "print: x",
         "no colon",
         "UnicodeDecodeError: x",
+        "StopIteration: ",
+        "StopAsyncIteration: x",
     ):
         assert type(raised(why)) is CandidateError
 

@@ -17,7 +17,8 @@ subclass of a plain type, so nothing with its own `__eq__` crosses). The proxy v
 
 The host (`parse_outputs`) reads only the LAST frame line of stdout; it must end with a newline,
 parse as JSON, hold exactly one value per call, and each value must decode under the size and
-depth limits with exact types (`decode_output`); a malformed value fails its call, a malformed
+depth limits with exact types and no more than MAX_SAME_HASH set elements or dict keys of one
+hash (`decode_output`: no quadratic hash flood); a malformed value fails its call, a malformed
 or missing frame fails every call, and nothing raises. The comparison (`check_passes`) is plain
 Python on plain values. The process in the sandbox can write any bytes to stdout, so all it can
 forge is its outputs; right outputs are what the task asks for.
@@ -34,6 +35,7 @@ evaluated in the sandbox in a namespace of the task's prelude only.
 from __future__ import annotations
 
 import ast
+import collections
 import json
 import operator
 import re
@@ -45,6 +47,7 @@ ARGS_FN = "__posttrain_args__"
 MAX_DEPTH = 40  # nesting of one output
 MAX_HEX_DIGITS = 20_000  # an int of up to 80 000 bits
 MAX_FRAME_CHARS = 8_000_000
+MAX_SAME_HASH = 64  # set elements / dict keys of one output sharing one hash value
 
 CheckKind = Literal["eq", "is", "true", "false", "close"]
 
@@ -329,6 +332,16 @@ _HEX_FLOAT = re.compile(r"-?(0x[01]\.[0-9a-f]{1,13}p[+-][0-9]{1,4}|inf|nan)")  #
 _CONTAINERS = {"L": list, "T": tuple, "E": set, "Z": frozenset}
 
 
+def _refuse_hash_floods(keys: list[Any]) -> None:
+    """ValueError when more than MAX_SAME_HASH of `keys` share one hash: a set or dict of them
+    costs quadratic time to build (ints k * (2**61 - 1) all hash to 0; 32 000 of them, 1 MB of
+    output, take ~9 s, 8 MB minutes), in the host's decoder and the trusted process's alike.
+    TypeError for an unhashable key."""
+    counts = collections.Counter(hash(k) for k in keys)
+    if counts and max(counts.values()) > MAX_SAME_HASH:
+        raise ValueError("too many set elements or dict keys of one hash")
+
+
 def decode_output(data: Any, depth: int = 0) -> Any:
     """The plain value of one tagged output (exact types, nesting <= MAX_DEPTH); a top-level
     `["X", why]` is `Failed(why)`. Raises ValueError when `data` is malformed."""
@@ -353,6 +366,8 @@ def decode_output(data: Any, depth: int = 0) -> Any:
             raise ValueError("malformed float") from None
     if tag in _CONTAINERS and kind is list:
         items = [decode_output(v, depth + 1) for v in payload]
+        if tag in "EZ":
+            _refuse_hash_floods(items)
         value = _CONTAINERS[tag](items)
         if tag in "EZ" and len(value) != len(items):
             raise ValueError("duplicate set elements")
@@ -360,7 +375,9 @@ def decode_output(data: Any, depth: int = 0) -> Any:
     if tag == "D" and kind is list:
         if not all(type(p) is list and len(p) == 2 for p in payload):
             raise ValueError("malformed dict")
-        d = {decode_output(k, depth + 1): decode_output(v, depth + 1) for k, v in payload}
+        pairs = [(decode_output(k, depth + 1), decode_output(v, depth + 1)) for k, v in payload]
+        _refuse_hash_floods([k for k, _ in pairs])
+        d = dict(pairs)
         if len(d) != len(payload):
             raise ValueError("duplicate dict keys")
         return d

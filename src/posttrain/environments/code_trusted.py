@@ -12,7 +12,8 @@ A call that did not produce a plain value (a non-plain or malformed output, the 
 or its session died, arguments that are not plain data) raises `CandidateError`, a BaseException, so
 that a test's `except Exception` cannot swallow it. An exception the candidate raised is raised here
 as the builtin Exception class of the same name (`ValueError`, ...), with its message as text; any
-other (a class of its own, SystemExit, ...) as `CandidateError`.
+other (a class of its own, SystemExit, StopIteration: it would end a test's `map()` loop with
+nothing checked, ...) as `CandidateError`.
 
 Protocol, on fds 0 (from the parent) and 1 (to it), moved away at start so that the tests' prints
 go to /dev/null; each message is an 8-byte big-endian length and JSON:
@@ -83,12 +84,17 @@ def write_message(fd: int, message: Any) -> None:
         view = view[os.write(fd, view) :]
 
 
+_ITERATION_ENDS = (StopIteration, StopAsyncIteration)
+
+
 def raised(why: str) -> BaseException:
     """The exception for a call the candidate answered with `["X", why]` (why: "Name: message"):
-    the builtin Exception class `Name` (not BaseException-only ones), else CandidateError."""
+    the builtin Exception class `Name` (not BaseException-only ones), else CandidateError. Never
+    StopIteration / StopAsyncIteration (CandidateError instead): raised through `map()`, `filter()`
+    or an iterator a test consumes, they would end the test's loop with nothing checked, a pass."""
     name, _, message = why.partition(": ")
     cls = getattr(builtins, name, None) if name.isidentifier() else None
-    if isinstance(cls, type) and issubclass(cls, Exception):
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, _ITERATION_ENDS):
         try:
             return cls(message)
         except Exception:  # a class that needs other arguments (UnicodeDecodeError)
