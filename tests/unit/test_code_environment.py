@@ -34,7 +34,7 @@ from posttrain.environments.code_checks import (
 )
 from posttrain.sandbox import SandboxError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # starts sandbox processes
 
 SUM_DIGITS = {
     "messages": [{"role": "user", "content": "Write sum_digits(n)."}],

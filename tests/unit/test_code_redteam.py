@@ -21,7 +21,7 @@ from code_redteam_replies import CONTROLS, GEN_TASK, HUMANEVAL_CONTROLS, PROXY_R
 from posttrain.environments.code import CodeEnvironment, humaneval_tasks
 from posttrain.sandbox import SandboxError
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # starts sandbox processes
 PROXY_PROBLEMS = (32, 33, 37, 38, 44, 50, 53, 151)
 HUMANEVAL_KEYS = {
     "he0": "HumanEval/0",

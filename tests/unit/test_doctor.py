@@ -80,6 +80,7 @@ def _doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_config_that_needs_vllm_without_it_names_the_fix(tmp_path: Path) -> None:
     recipe = tmp_path / "vllm.yaml"
     recipe.write_text("generation:\n  backend: vllm\ncluster:\n  backend: local\n")
@@ -114,6 +115,7 @@ def test_ray_without_a_cluster(monkeypatch) -> None:
     assert check_ray("local", 1, 0).status == "warn"  # reported, but a local-backend run does not need Ray
 
 
+@pytest.mark.slow
 def test_a_machine_with_a_tiny_dev_shm_names_the_fix(tmp_path: Path) -> None:
     """`posttrain doctor` under a real 1 MiB /dev/shm (a tmpfs mounted over it in a private mount
     namespace, as Docker's default 64 MB is for a bigger model): the shared-memory refit of a split

@@ -177,6 +177,7 @@ def env():
     env.close()
 
 
+@pytest.mark.slow
 def test_math_format_red_team(env):
     # MathEnvironment's red-team replies: what scores 0 there scores 0 in both parts; its partial
     # credit is the format part alone; a right answer earns both: no path pays more than answering right

@@ -119,6 +119,7 @@ def test_hf_sampler_seeds_are_distinct_across_workers_batches_and_steps(monkeypa
     assert len(set(every)) == len(every), "two streams of the run share a seed"
 
 
+@pytest.mark.vllm
 def test_vllm_request_seeds_are_distinct_across_workers_requests_and_steps():
     try:
         from vllm import LLM  # noqa: F401

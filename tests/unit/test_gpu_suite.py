@@ -49,6 +49,7 @@ def test_without_nvidia_smi_it_stops_before_running_anything(tmp_path: Path) -> 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_with_a_cpu_only_torch_it_stops_before_running_anything(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

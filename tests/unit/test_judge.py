@@ -129,6 +129,7 @@ def test_config_errors() -> None:
     assert DEFAULT_PATTERN and isinstance(make_environment("judge", cache_size=0), JudgeEnvironment)
 
 
+@pytest.mark.slow
 def test_a_real_transformers_judge(tiny_model_dir) -> None:
     """A tiny random model as the judge: it writes text (no score: the samples are masked), and
     the verdict is cached, so the second step does not generate again."""
@@ -268,6 +269,7 @@ def test_pairwise_identical_replies_tie_without_the_judge_and_failures_mask() ->
     assert alone.scored == [False] and alone.info[0]["judge_error"] == "no_comparison"
 
 
+@pytest.mark.slow
 def test_reference_mode_verifies_first_and_judges_the_rest() -> None:
     prompts: list[str] = []
 

@@ -83,6 +83,7 @@ def test_extract_last_boxed(text, expected):
 # --- scoring with math-verify ---
 
 
+@pytest.mark.slow
 def test_correct_incorrect_and_equivalent_forms(math_env):
     completions = [
         "half: \\boxed{1/2}",  # 0.5
@@ -110,6 +111,7 @@ def test_correct_incorrect_and_equivalent_forms(math_env):
     assert metrics["env/verifier_timeouts"] == 0
 
 
+@pytest.mark.slow
 def test_numeric_answer_and_last_assistant_message(math_env):
     log = [
         {"role": "user", "content": "q"},
@@ -121,6 +123,7 @@ def test_numeric_answer_and_last_assistant_message(math_env):
     assert result.rewards == [1.0]
 
 
+@pytest.mark.slow
 def test_format_reward_for_a_wrong_boxed_answer():
     env = MathEnvironment(timeout_s=10.0, format_reward=0.1)
     try:
@@ -138,6 +141,7 @@ def test_missing_answer_fails_the_batch(math_env):
 # --- verifiers that fail ---
 
 
+@pytest.mark.slow
 def test_raising_verifier_scores_zero_and_is_counted():
     env = MathEnvironment(timeout_s=10.0, verify_fn=raising_verify)
     try:
@@ -154,6 +158,7 @@ def test_raising_verifier_scores_zero_and_is_counted():
     assert metrics["env/verifier_timeouts"] == 0
 
 
+@pytest.mark.slow
 def test_hanging_verifier_times_out_without_blocking_the_batch():
     env = MathEnvironment(timeout_s=1.0, format_reward=0.0, verify_fn=hanging_verify)
     try:
@@ -179,6 +184,7 @@ def test_hanging_verifier_times_out_without_blocking_the_batch():
         env.close()
 
 
+@pytest.mark.slow
 def test_verifier_process_that_dies_scores_zero_and_is_replaced():
     env = MathEnvironment(timeout_s=10.0, verify_fn=dying_verify)
     try:
@@ -193,6 +199,7 @@ def test_verifier_process_that_dies_scores_zero_and_is_replaced():
         env.close()
 
 
+@pytest.mark.slow
 def test_pool_runs_hung_calls_in_parallel_and_leaves_no_process():
     pool = TimeoutPool(hanging_verify, timeout_s=1.0, num_procs=2)
     procs = [w.proc for w in pool._workers]
@@ -233,6 +240,7 @@ def test_reward_function_environment_catches_errors():
     assert env.batch_metrics(result)["env/verifier_errors"] == 1
 
 
+@pytest.mark.slow
 def test_reward_function_environment_with_timeout():
     env = RewardFunctionEnvironment(hanging_verify_reward, timeout_s=1.0)
     try:
@@ -272,6 +280,7 @@ def test_docs_quote_the_example_exactly():
         assert block in example
 
 
+@pytest.mark.slow
 def test_example_runs_as_a_script():
     out = subprocess.run(
         [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120, check=True, cwd=REPO
@@ -301,6 +310,7 @@ def test_example_environment_plays_to_the_end():
     assert env.batch_metrics(r2) == {"env/solved": 0.5}
 
 
+@pytest.mark.slow
 def test_an_empty_box_is_no_answer_and_earns_no_format_reward():
     from posttrain.environments.math import MathEnvironment
 

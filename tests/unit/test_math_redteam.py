@@ -84,6 +84,7 @@ def env() -> MathEnvironment:
     env.close()
 
 
+@pytest.mark.slow
 def test_numeric_red_team(env: MathEnvironment) -> None:
     got = dict(zip(NUMERIC, run(env, NUMERIC_QUESTION, "7", NUMERIC), strict=True))
     assert {r: v for r, v in got.items() if v != NUMERIC[r]} == {}
@@ -94,6 +95,7 @@ def test_symbolic_red_team(env: MathEnvironment) -> None:
     assert {r: v for r, v in got.items() if v != SYMBOLIC[r]} == {}
 
 
+@pytest.mark.slow
 def test_latex_that_hangs_the_verifier_times_out_to_zero() -> None:
     env = MathEnvironment(timeout_s=2.0)
     try:

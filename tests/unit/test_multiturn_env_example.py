@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "multiturn_env.py"
 
@@ -25,6 +27,7 @@ def test_docs_quote_the_example_exactly() -> None:
         assert block in example
 
 
+@pytest.mark.slow
 def test_example_runs_as_a_script() -> None:
     out = subprocess.run(
         [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120, check=True, cwd=REPO

@@ -13,7 +13,7 @@ from posttrain.environments.python_tool import PythonToolEnvironment, cut_middle
 from posttrain.environments.tools import ToolCall
 from posttrain.sandbox import SandboxError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # starts sandbox processes
 
 
 @pytest.fixture(scope="module")

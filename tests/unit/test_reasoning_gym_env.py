@@ -196,6 +196,7 @@ def test_batch_metrics() -> None:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("timeout_s", [None, 30.0])
 def test_a_scorer_that_raises_scores_zero(timeout_s: float | None) -> None:
     # with a format reward too: an answer the scorer failed on is not a "found but wrong" answer
@@ -217,6 +218,7 @@ def test_a_scorer_that_raises_scores_zero(timeout_s: float | None) -> None:
         env.close()
 
 
+@pytest.mark.slow
 def test_a_scorer_that_hangs_times_out() -> None:
     env = ReasoningGymEnvironment("countdown", timeout_s=2.0)
     try:

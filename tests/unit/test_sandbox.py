@@ -22,7 +22,7 @@ from posttrain.sandbox.backends import UID_BASE, Launch
 from posttrain.sandbox.process import parse_reply, split_frames
 from posttrain.sandbox.seccomp import ARCH, DENIED, SYSCALLS, build_filter
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]  # starts sandbox processes
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from posttrain.sandbox import SandboxPool
 from posttrain.sandbox.backends import UID_BASE
 from posttrain.sandbox.probe import _allowed_children, sensitive_dirs
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]  # starts sandbox processes
 PROJECT = Path(__file__).resolve().parents[2]
 
 

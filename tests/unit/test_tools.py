@@ -208,6 +208,7 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(SMOLLM2)
 
 
+@pytest.mark.slow
 def test_template_supports_tools(tokenizer: Any) -> None:
     assert template_supports_tools(tokenizer) is False  # SmolLM2's template ignores tools=
     edited = copy.deepcopy(tokenizer)
@@ -217,6 +218,7 @@ def test_template_supports_tools(tokenizer: Any) -> None:
     assert template_supports_tools(edited) is False
 
 
+@pytest.mark.slow
 def test_tools_in_the_system_prompt_reach_smollm2(tokenizer: Any) -> None:
     schemas = ToolRegistry([add]).schemas()
     user = [{"role": "user", "content": "What is 2 + 3?"}]

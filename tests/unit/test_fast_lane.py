@@ -1,0 +1,85 @@
+"""The fast lane (`python -m pytest tests/unit -m "not slow and not ray and not vllm"`, docs/development.md)
+holds no test that pulls or loads a model or starts Ray: a unit test that needs the SmolLM2 folder, its
+tokenizer, a tiny model or a Ray cluster carries the `slow` (or `ray`) marker. These tests collect tests/unit
+in a pytest process of their own (about 15 s), so they are `slow` themselves: the default suite and CI run them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY_FIXTURES = {"smollm_dir", "tokenizer", "tiny_model_dir", "ray_cluster"}
+"""tests/conftest.py fixtures that pull SmolLM2 (a download and conversion on a fresh machine), build a
+model or start Ray."""
+
+PLUGIN = """
+import json, os
+
+def pytest_collection_finish(session):
+    rows = [
+        {"id": item.nodeid, "fixtures": sorted(getattr(item, "fixturenames", [])),
+         "markers": sorted({m.name for m in item.iter_markers()})}
+        for item in session.items
+    ]
+    with open(os.environ["FAST_LANE_OUT"], "w") as f:
+        json.dump(rows, f)
+"""
+
+
+def lane_items(tmp_path: Path, *args: str) -> list[dict]:
+    """The tests that `pytest --collect-only *args` selects, each with every fixture it requests (transitively)."""
+    (tmp_path / "lane_plugin.py").write_text(PLUGIN)
+    out = tmp_path / "items.json"
+    env = {
+        **os.environ,
+        "FAST_LANE_OUT": str(out),
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--collect-only",
+        "-q",
+        "-p",
+        "lane_plugin",
+        "-p",
+        "no:cacheprovider",
+        *args,
+    ]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def unit_items(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return lane_items(tmp_path_factory.mktemp("lane"), "tests/unit")
+
+
+def in_lane(row: dict) -> bool:
+    """What `-m "not slow and not ray and not vllm"` selects."""
+    return not {"slow", "ray", "vllm"} & set(row["markers"])
+
+
+def test_the_fast_lane_needs_no_model_and_no_ray(unit_items):
+    lane = [row for row in unit_items if in_lane(row)]
+    assert len(lane) > 500  # the lane is the bulk of tests/unit
+    heavy = {row["id"]: sorted(HEAVY_FIXTURES & set(row["fixtures"])) for row in lane}
+    assert not {k: v for k, v in heavy.items() if v}
+
+
+def test_the_heavy_unit_tests_are_still_in_the_default_suite(unit_items):
+    """Marking moves a test out of the lane, not out of `python -m pytest`."""
+    ids = {row["id"]: in_lane(row) for row in unit_items}
+    assert ids["tests/unit/test_judge.py::test_a_real_transformers_judge"] is False
+    assert any(i.startswith("tests/unit/test_sandbox_escapes.py::") and not lane for i, lane in ids.items())
