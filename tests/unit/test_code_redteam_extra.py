@@ -219,3 +219,32 @@ def test_a_hash_flood_reply_is_refused_through_the_real_sandbox_with_a_large_out
     assert r.rewards == [0.0, 0.0] and r.scored == [True, True]
     assert [i["verdict"] for i in r.info] == ["host", "proxy"]
     assert all("malformed output" in i["error"] for i in r.info), [i["error"] for i in r.info]
+
+
+def test_nothing_crosses_between_two_live_sessions_or_reaches_the_uid_counter(env: CodeEnvironment) -> None:
+    """Session A (alive) holds a SysV shared-memory segment, a message queue, a listening abstract
+    socket and files in /tmp and /sandbox; session B, open at the same time, finds none of them nor
+    the host's uid counter file, and sees no process of A's (or the trusted checker's)."""
+    plant = (
+        "import ctypes, os, socket\nlibc = ctypes.CDLL(None)\n"
+        "print(libc.shmget(0x2929, 4096, 0o1666) >= 0, libc.msgget(0x2929, 0o1666) >= 0)\n"
+        "s = socket.socket(socket.AF_UNIX)\ns.bind('\\0posttrain-leak')\ns.listen()\n"
+        "for d in ('/tmp', '/sandbox'):\n    open(d + '/leak', 'w').write('secret')\n"
+    )
+    probe = (
+        "import ctypes, os, socket\nlibc = ctypes.CDLL(None)\nfound = []\n"
+        "found += ['shm'] if libc.shmget(0x2929, 0, 0) >= 0 else []\n"
+        "found += ['msg'] if libc.msgget(0x2929, 0) >= 0 else []\n"
+        "try:\n    socket.socket(socket.AF_UNIX).connect('\\0posttrain-leak')\n    found.append('sock')\n"
+        "except OSError:\n    pass\n"
+        "found += [p for p in ('/tmp/leak', '/sandbox/leak', '/run/posttrain-sandbox-uids') if os.path.exists(p)]\n"
+        "found += [open(f'/proc/{p}/cmdline', 'rb').read().decode(errors='replace') for p in os.listdir('/proc')\n"
+        "          if p.isdigit() and b'code_trusted' in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
+        "print(found)\n"
+    )
+    pool = env.pool()
+    with pool.session() as a, pool.session() as b:
+        planted = a.run(plant)
+        assert planted.status == "ok" and planted.stdout.split() == ["True", "True"], planted
+        probed = b.run(probe)
+    assert probed.status == "ok" and probed.stdout.strip() == "[]", probed
