@@ -8,9 +8,13 @@ POSTTRAIN_DEBUG=1 shows their traceback. Any other exception is a bug and keeps 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
+
+from pydantic import BaseModel
 
 from posttrain.config.loader import load_config, to_yaml
 from posttrain.config.schema import ALGORITHM_CONFIGS
@@ -167,6 +171,88 @@ COMMAND_HELP = {
 }
 
 
+_RL_KEYS = (
+    "policy.model_name",
+    "policy.optimizer.lr",
+    "data.train.path",
+    "environment.name",
+    "generation.backend",
+    "generation.max_new_tokens",
+)
+_RUN_KEYS = ("cluster.backend", "cluster.gpus_per_node", "checkpoint.save_every", "logging.run_dir")
+_LOOP = ("max_steps", "global_batch_size", "val_every")
+_RL_LOOP = ("max_steps", "prompts_per_step", "generations_per_prompt", "val_every")
+_BASIC = ("policy.model_name", "policy.optimizer.lr", "policy.max_seq_len", "data.train.path")
+
+MAIN_KEYS: dict[str, tuple[str, ...]] = {
+    "sft": (*_BASIC, "data.validation.path", *(f"sft.{k}" for k in _LOOP), *_RUN_KEYS),
+    "grpo": (*_RL_KEYS, *(f"grpo.{k}" for k in _RL_LOOP), *_RUN_KEYS),
+    "dpo": (*_BASIC, "data.validation.path", *(f"dpo.{k}" for k in _LOOP), "dpo.beta", *_RUN_KEYS),
+    "rm": (*_BASIC, "data.validation.path", *(f"rm.{k}" for k in _LOOP), *_RUN_KEYS),
+    "ppo": (*_RL_KEYS, "critic.model_name", *(f"ppo.{k}" for k in _RL_LOOP), *_RUN_KEYS),
+    "distill": (*_RL_KEYS, "teacher.model_name", *(f"distill.{k}" for k in _RL_LOOP), *_RUN_KEYS),
+    "eval": (
+        "model",
+        "metric",
+        "data.dataset.path",
+        "environment.name",
+        "generation.backend",
+        "generation.max_new_tokens",
+        "generation.temperature",
+        "sampling.samples_per_prompt",
+        "sampling.k",
+        "output_dir",
+    ),
+}
+"""The keys each command's --help lists with their defaults (read from the config models, so a
+renamed key fails tests/unit/test_cli_help.py instead of going stale)."""
+
+REFERENCE = "docs/configuration.md"
+
+
+def key_default(config: type[BaseModel], key: str) -> tuple[object, str]:
+    """(default, first sentence of the description) of dotted `key` in the config model `config`;
+    KeyError naming the key when the model has no such field."""
+    node: object = config()
+    description = ""
+    for part in key.split("."):
+        fields = type(node).model_fields if isinstance(node, BaseModel) else {}
+        if part not in fields:
+            raise KeyError(f"{config.__name__} has no key {key!r}")
+        description = (fields[part].description or "").split(". ")[0].rstrip(".")
+        node = getattr(node, part)
+    return node, description
+
+
+def main_keys_help(command: str, width: int | None = None) -> str:
+    """The epilog of a command's --help: its main keys as `key=default  description` lines (each cut to
+    `width`, default the terminal's), then where every other key is documented."""
+    width = max(40, width or shutil.get_terminal_size().columns)
+    rows = [(key, *key_default(ALGORITHM_CONFIGS[command], key)) for key in MAIN_KEYS[command]]
+    cells = [(f"{key}={_shown(value)}", text) for key, value, text in rows]
+    pad = max(len(cell) for cell, _ in cells) + 2
+    lines = ["main settings (key=default; set any on the command line as key=value):"]
+    for cell, text in cells:
+        line = f"  {cell.ljust(pad)}{text}".rstrip()
+        lines.append(line if len(line) <= width else line[: width - 1] + "…")
+    lines += [
+        f"every key, its type, default and description: {REFERENCE}",
+        f"the resolved config of a command line: posttrain {command} [--config FILE] [key=value ...] --print-config",
+    ]
+    return "\n".join(lines)
+
+
+def _shown(value: object) -> str:
+    """A default as it is written on the command line: null, true/false, lists as JSON."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="posttrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,7 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ALGORITHM_CONFIGS:
         text = COMMAND_HELP.get(name, f"train with {name.upper()}")
-        p = sub.add_parser(name, help=text, description=text, parents=[debug])
+        p = sub.add_parser(
+            name,
+            help=text,
+            description=text,
+            parents=[debug],
+            epilog=main_keys_help(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.add_argument("--config", help="a YAML recipe (e.g. examples/configs/sft.yaml)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. policy.optimizer.lr=1e-5")
