@@ -118,7 +118,8 @@ def report(kind: Kind, amount: int = 1) -> None:
         return
     counter = _worker_counter()
     if counter is not None:
-        counter.add.remote(kind, amount)
+        with contextlib.suppress(Exception):  # a display never stops the run
+            counter.add.remote(kind, amount)
 
 
 class ProgressCounter:
@@ -159,23 +160,40 @@ def _worker_counter(retry_s: float = 5.0) -> Any:
     return _lookup["handle"]
 
 
+_owned: dict[str, Any] = {}  # job id -> the handle that created RAY_COUNTER (it lives while held)
+
+
+def _controller_counter(ray: Any) -> Any:
+    """This Ray job's `RAY_COUNTER`, made on first use; its creating handle is kept for the job
+    (a named actor is collected once the handle that created it is dropped)."""
+    job = ray.get_runtime_context().get_job_id()
+    if job not in _owned:
+        actor = ray.remote(num_cpus=0)(ProgressCounter)
+        _owned[job] = actor.options(name=RAY_COUNTER, get_if_exists=True).remote()
+    return _owned[job]
+
+
 @contextlib.contextmanager
 def _ray_poller(shown: Phase) -> Iterator[None]:
     """While the block runs, add the counts Ray workers report to `shown` (every POLL_S seconds);
-    nothing outside a Ray job or for a bar that counts nothing."""
+    nothing outside a Ray job or for a bar that counts nothing. A display never stops the run: a
+    counter that fails leaves the bar to the final count its caller sets."""
     ray = _ray()
-    if ray is None or shown.counts is None:
+    counter = None
+    if ray is not None and shown.counts is not None:
+        try:
+            counter = _controller_counter(ray)
+            ray.get(counter.take.remote(), timeout=30)  # counts of an earlier phase that came in late
+        except Exception:
+            counter = None
+    if counter is None:
         yield
         return
-    actor = ray.remote(num_cpus=0)(ProgressCounter)
-    counter = actor.options(name=RAY_COUNTER, get_if_exists=True).remote()
-    _lookup["handle"] = counter
-    ray.get(counter.take.remote())  # counts of an earlier phase that came in late
     done = threading.Event()
 
     def poll() -> None:
         while not done.wait(POLL_S):
-            with contextlib.suppress(Exception):  # a display must not stop the run
+            with contextlib.suppress(Exception):
                 for kind, amount in ray.get(counter.take.remote(), timeout=10).items():
                     shown.count(kind, amount)
 
