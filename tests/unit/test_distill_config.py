@@ -33,7 +33,9 @@ def test_typos_and_bad_values_fail_at_load_time():
 def test_placements_and_batch_splits_are_checked():
     with pytest.raises(ConfigError, match="teacher.num_workers=2 with cluster.backend=local"):
         load_config(DistillConfig, None, ["cluster.backend=local", "teacher.num_workers=2"])
-    with pytest.raises(ConfigError, match="distill.updates_per_batch=3 does not split the rollout batch of 32"):
+    with pytest.raises(
+        ConfigError, match="distill.updates_per_batch=3 does not split the rollout batch of 32"
+    ):
         load_config(DistillConfig, None, ["cluster.num_workers=2", "distill.updates_per_batch=3"])
     cfg = load_config(DistillConfig, None, ["cluster.num_workers=2", "distill.updates_per_batch=4"])
     assert cfg.distill.updates_per_batch == 4

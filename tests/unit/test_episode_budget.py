@@ -62,7 +62,9 @@ def test_overlong_shaping_of_a_multi_turn_episode_uses_the_episode_budget():
 
 def test_single_turn_overlong_shaping_is_unchanged():
     # max_new_tokens 128, one turn, buffer 64: (64, 128]; L = 100 -> (64 - 100) / 64 = -0.5625
-    trainer = _trainer(**{"generation.max_new_tokens": 128, "dapo.overlong_buffer": 64, "policy.max_seq_len": 256})
+    trainer = _trainer(
+        **{"generation.max_new_tokens": 128, "dapo.overlong_buffer": 64, "policy.max_seq_len": 256}
+    )
     assert trainer.rewards(_episodes([64, 100, 128])).tolist() == [0.0, -0.5625, -1.0]
 
 
