@@ -8,6 +8,8 @@ import json
 import os
 import textwrap
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -140,3 +142,21 @@ FD, NONCE = reply_pipe()
 def forger_code(body: str) -> str:
     """Sandbox code with ``FD`` (the reply pipe), ``NONCE`` (the request's) and ``frame(msg)``."""
     return _REPLY_PIPE_PRELUDE + textwrap.dedent(body)
+
+
+def started(env: Any) -> Iterator[Any]:
+    """Yield ``env`` (a sandboxed environment) with its pool started, then close it; a skip where no
+    sandbox backend isolates here, and a failure in CI, where one always must."""
+    try:
+        env.pool()
+    except SandboxError as err:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no isolating sandbox backend here: {err}")
+    yield env
+    env.close()
+
+
+def code_reply(code: str) -> list[dict]:
+    """A conversation whose assistant turn is ``code`` in a ```python block."""
+    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"```python\n{code}```"}]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from sandbox_helpers import started
 
 from posttrain.environments import make_environment
 from posttrain.environments.code import (
@@ -55,15 +55,9 @@ def reply(text: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def env() -> Iterator[CodeEnvironment]:
     """A code environment with a started sandbox, or a skip where no sandbox isolates here."""
-    e = CodeEnvironment(sandbox={"workers": 2, "timeout_s": 3.0, "cpu_s": 3, "memory_mb": 512})
-    try:
-        e.pool()
-    except SandboxError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no isolating sandbox backend here: {err}")
-    yield e
-    e.close()
+    yield from started(
+        CodeEnvironment(sandbox={"workers": 2, "timeout_s": 3.0, "cpu_s": 3, "memory_mb": 512})
+    )
 
 
 def test_extract_code_takes_the_last_python_block() -> None:

@@ -6,12 +6,13 @@ argument mutation), its budgets, and the fallback for tasks it cannot take."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sandbox_helpers import code_reply as reply
+from sandbox_helpers import started
 
 from posttrain.environments.code import CodeEnvironment
 from posttrain.environments.code_proxy import proxy_blocker, run_proxy
@@ -34,24 +35,14 @@ def task(tests: list[str], entry: str = "sum_digits", **extra: str) -> dict[str,
     return {"entry_point": entry, "tests": tests, **extra}
 
 
-def reply(code: str) -> list[dict]:
-    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"```python\n{code}```"}]
-
-
 @pytest.fixture(scope="module")
 def env() -> Iterator[CodeEnvironment]:
     """reward="fraction", a started sandbox (timeout 2 s), or a skip where no sandbox isolates here."""
-    e = CodeEnvironment(
-        reward="fraction", sandbox={"workers": 2, "timeout_s": 2.0, "cpu_s": 2, "memory_mb": 512}
+    yield from started(
+        CodeEnvironment(
+            reward="fraction", sandbox={"workers": 2, "timeout_s": 2.0, "cpu_s": 2, "memory_mb": 512}
+        )
     )
-    try:
-        e.pool()
-    except SandboxError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no isolating sandbox backend here: {err}")
-    yield e
-    e.close()
 
 
 def score(env: CodeEnvironment, t: dict[str, Any], *codes: str) -> list[float]:

@@ -11,15 +11,15 @@ BaseException subclasses, objects with their own dunders) meet the "proxy" verdi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from code_redteam_replies import CONTROLS, GEN_TASK, HUMANEVAL_CONTROLS, PROXY_REPLIES, REPLIES
+from sandbox_helpers import code_reply as reply
+from sandbox_helpers import started
 
 from posttrain.environments.code import CodeEnvironment, humaneval_tasks
-from posttrain.sandbox import SandboxError
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # starts sandbox processes
 PROXY_PROBLEMS = (32, 33, 37, 38, 44, 50, 53, 151)
@@ -36,24 +36,14 @@ VERDICT = {
 }
 
 
-def reply(code: str) -> list[dict]:
-    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"```python\n{code}```"}]
-
-
 @pytest.fixture(scope="module")
 def env() -> Iterator[CodeEnvironment]:
     """reward="fraction", so that a single test passed anywhere shows; a skip where no sandbox isolates."""
-    e = CodeEnvironment(
-        reward="fraction", sandbox={"workers": 2, "timeout_s": 3.0, "cpu_s": 3, "memory_mb": 512}
+    yield from started(
+        CodeEnvironment(
+            reward="fraction", sandbox={"workers": 2, "timeout_s": 3.0, "cpu_s": 3, "memory_mb": 512}
+        )
     )
-    try:
-        e.pool()
-    except SandboxError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no isolating sandbox backend here: {err}")
-    yield e
-    e.close()
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sandbox_helpers import code_reply as reply
+from sandbox_helpers import started
 
 from posttrain.environments.code import CodeEnvironment, humaneval_tasks
 from posttrain.environments.code_checks import OUTPUTS_TAG, Failed, parse_outputs
@@ -126,24 +128,14 @@ REPLIES: dict[str, tuple[str, str]] = {
 }
 
 
-def reply(code: str) -> list[dict]:
-    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"```python\n{code}```"}]
-
-
 @pytest.fixture(scope="module")
 def env() -> Iterator[CodeEnvironment]:
     """reward="fraction"; a skip where no sandbox isolates here (a failure in CI)."""
-    e = CodeEnvironment(
-        reward="fraction", sandbox={"workers": 2, "timeout_s": 3.0, "cpu_s": 3, "memory_mb": 512}
+    yield from started(
+        CodeEnvironment(
+            reward="fraction", sandbox={"workers": 2, "timeout_s": 3.0, "cpu_s": 3, "memory_mb": 512}
+        )
     )
-    try:
-        e.pool()
-    except SandboxError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no isolating sandbox backend here: {err}")
-    yield e
-    e.close()
 
 
 @pytest.fixture(scope="module")

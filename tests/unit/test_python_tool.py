@@ -7,26 +7,20 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from sandbox_helpers import started
 
 from posttrain.environments import make_environment
 from posttrain.environments.python_tool import PythonToolEnvironment, cut_middle
 from posttrain.environments.tools import ToolCall
-from posttrain.sandbox import SandboxError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # starts sandbox processes
 
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[PythonToolEnvironment]:
-    e = PythonToolEnvironment(max_chars=40, sandbox={"workers": 1, "timeout_s": 3.0, "cpu_s": 3})
-    try:
-        e.pool()
-    except SandboxError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no isolating sandbox backend here: {err}")
-    yield e
-    e.close()
+    yield from started(
+        PythonToolEnvironment(max_chars=40, sandbox={"workers": 1, "timeout_s": 3.0, "cpu_s": 3})
+    )
 
 
 def call(env: PythonToolEnvironment, code: str) -> str:

@@ -297,7 +297,8 @@ class _Progress:
             self.bar.start()
 
     def show_stage(self, stage: str) -> None:
-        self.bar.update(self.task, stage=stage)
+        """Draw the new stage at once: a stage shorter than the bar's refresh interval is still seen."""
+        self.bar.update(self.task, stage=stage, refresh=True)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         elapsed = time.perf_counter() - self.start_time
