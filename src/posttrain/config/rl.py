@@ -1,0 +1,234 @@
+"""What the RL configs (grpo, ppo, distill) share: their data and loop sections, the teacher, the
+quickstart's policy and checkpoint defaults, and the one set of checks every RL config runs
+(`check_rl_config`, through the base class `RLChecks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from posttrain.config.common import (
+    VALIDATION_HELP,
+    CheckpointConfig,
+    DatasetConfig,
+    OptimizerConfig,
+    PolicyConfig,
+    SchedulerConfig,
+    SplitsConfig,
+    Strict,
+    _default_grpo_train,
+    _default_grpo_validation,
+    config_warning,
+)
+from posttrain.config.rollout import check_episode_budget
+
+
+class GRPODataConfig(SplitsConfig):
+    train: DatasetConfig = Field(default_factory=_default_grpo_train)
+    validation: DatasetConfig | None = Field(
+        default_factory=_default_grpo_validation, description=VALIDATION_HELP
+    )
+    prompt_template: str = Field(
+        "{problem}", description="Formats the user message; `{problem}` is replaced."
+    )
+    system_prompt: str | None = "Put the final answer in \\boxed{}."
+
+
+class GRPOTrainerConfig(Strict):
+    max_steps: int = Field(40, gt=0)
+    prompts_per_step: int = Field(8, gt=0)
+    generations_per_prompt: int = Field(4, gt=1, description="G, the group size.")
+    updates_per_batch: int = Field(
+        1, gt=0, description="Optimizer steps per rollout batch (1 = exactly on-policy)."
+    )
+    val_every: int = Field(10, gt=0)
+    val_at_start: bool = True
+    val_samples_per_prompt: int = Field(1, gt=0, description="n for pass@k on validation.")
+    val_temperature: float = Field(0.0, ge=0, description="0 = greedy.")
+    seed: int = 0
+    async_mode: bool = Field(
+        False,
+        description="Asynchronous GRPO (docs/async.md): generation workers keep producing rollout groups "
+        "with the newest weights they have while the policy trains; needs generation.placement=split. "
+        "Stale data gets π_old recomputed and the behaviour-vs-π_old importance weight "
+        "(loss.importance_correction, truncated unless set).",
+    )
+    max_trajectory_age_steps: int = Field(
+        1,
+        ge=0,
+        description="Async: the most policy updates a trajectory's generating weights may lag the trainer; "
+        "older groups are dropped (async/dropped_stale). 0: exactly on-policy (same steps as sync).",
+    )
+    async_buffer_groups: int | None = Field(
+        None,
+        gt=0,
+        description="Async: replay buffer capacity in groups; null: prompts_per_step × (max_trajectory_age_steps + 1).",
+    )
+    partial_rollouts: bool = Field(
+        False,
+        description="Async: a generation may pick up newer weights between tokens (the HF sampler "
+        "loads a newer published snapshot between decode steps and recomputes its KV cache). Each token "
+        "keeps the logprob and version it was sampled with; a trajectory's age counts from its oldest "
+        "token. Needs async_mode, generation.backend=hf and the shared_memory refit transport.",
+    )
+    async_watchdog_s: float = Field(
+        600.0,
+        gt=0,
+        description="Async: stop the run with an error when no rollout batch arrives for this long while the "
+        "trainer waits (a hung generation worker or environment).",
+    )
+
+
+# The RL trainers' (grpo, ppo, distill) defaults for the policy and checkpoints: the quickstart's.
+RL_POLICY = PolicyConfig(
+    optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
+    scheduler=SchedulerConfig(name="constant", warmup_steps=0),
+    max_seq_len=128,
+    train_micro_batch_size=8,
+    logprob_batch_size=16,
+)
+RL_CHECKPOINT = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
+
+
+class TeacherConfig(Strict):
+    """The teacher of `posttrain distill`: a frozen model with the student's tokenizer, in workers of
+    its own (split) or inside the student's (colocated, like the reference model)."""
+
+    model_name: str | None = Field(
+        None,
+        description="Required: a posttrain run directory or checkpoint (e.g. runs/grpo, the GRPO "
+        "quickstart's: its latest checkpoint), an HF folder, a hub id or an alias. Its tokenizer must "
+        "be the student's.",
+    )
+    tokenizer_name: str | None = Field(
+        None, description="Default: the teacher's own (a checkpoint's, or its run's policy tokenizer)."
+    )
+    placement: Literal["colocated", "split"] = Field(
+        "colocated",
+        description="colocated: the teacher is held in every student worker, on its device (like the "
+        "reference model; no resources of its own: the teacher scores while the student waits anyway). "
+        "split: teacher workers of their own (Ray actors with teacher.cpus_per_worker CPUs and, with "
+        "GPUs, one GPU each; one in-process worker with cluster.backend=local): a teacher too large to "
+        "share the student's device. On a CPU machine leave it room: cluster.cpus_per_worker defaults "
+        "to all cores.",
+    )
+    num_workers: int = Field(1, gt=0, description="Teacher workers (split placement).")
+    cpus_per_worker: int = Field(1, gt=0, description="CPU cores per teacher worker (split placement).")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="The teacher's weights and compute.")
+    batch_size: int = Field(16, gt=0, description="Sequences per teacher forward.")
+    chunk_size: int = Field(
+        2048, gt=0, description="Positions whose full-vocabulary logits exist at once in the teacher."
+    )
+    packed_sequences: bool = Field(True, description="Run the teacher's decoder on real tokens only.")
+
+
+# ----------------------------------------------------------------- the RL configs' shared checks
+def check_rl_config(cfg: Any, loop: str) -> None:
+    """The checks every RL config (GRPOConfig, PPOConfig, DistillConfig) runs, in one place so that
+    they cannot drift apart. `loop`: the name of its loop section (grpo, ppo, distill); `cfg.grpo` is
+    that section under the name the shared trainer reads. Raises ValueError; warns with ConfigWarning."""
+    cfg.generation.check_lora_adapter(cfg.policy.lora)
+    if cfg.generation.placement == "split":
+        cfg.generation.check_refit_transport(cfg.cluster, sharded=cfg.policy.split_weights)
+    check_minibatches(loop, cfg.grpo, cfg.cluster.policy_workers(), "policy")
+    check_episode_budget(cfg)
+    teacher = getattr(cfg, "teacher", None)
+    if teacher is not None and cfg.cluster.backend == "local" and teacher.num_workers > 1:
+        raise ValueError(
+            f"teacher.num_workers={teacher.num_workers} with cluster.backend=local: the local backend "
+            "runs one in-process worker per group; set teacher.num_workers=1 or cluster.backend=ray"
+        )
+    loss = getattr(cfg, "loss", None)
+    if loss is not None:
+        check_truncated_sampling(cfg, loop)
+        if loss.importance_correction is not None and cfg.generation.backend == "hf":
+            if cfg.generation.placement == "colocated":
+                config_warning(
+                    f"loss.importance_correction={loss.importance_correction} corrects for an inference "
+                    "engine that differs from the trainer, but generation.backend=hf colocated samples with "
+                    "the trainer's own model and weights (ratio 1 up to rounding): it has no effect here"
+                )
+
+
+def check_minibatches(loop: str, section: Any, workers: int, role: str) -> None:
+    """Each of the `updates_per_batch` minibatches must split evenly over `workers` data-parallel ranks.
+
+    The batch (prompts_per_step × generations_per_prompt sequences) is cut into `updates_per_batch`
+    contiguous minibatches whose sizes differ by at most one, and every minibatch into equal shards,
+    one per rank (FSDP2 ranks run collectives in every forward, so they must take the same
+    microbatches). With several workers the batch must therefore be a multiple of updates_per_batch ×
+    workers; one worker takes any updates_per_batch up to the batch size. Otherwise the run would
+    fail at its first update."""
+    updates, batch = section.updates_per_batch, section.prompts_per_step * section.generations_per_prompt
+    if batch % (updates * workers) == 0 or (workers == 1 and updates <= batch):
+        return
+    fits = [u for u in range(1, batch + 1) if batch % (u * workers) == 0]
+    if workers == 1:
+        hint = f"Set {loop}.updates_per_batch to at most {batch}"
+    elif fits:
+        hint = f"Set {loop}.updates_per_batch to one of {fits}"
+    else:
+        hint = f"Make {loop}.prompts_per_step × {loop}.generations_per_prompt a multiple of the {workers} workers"
+    raise ValueError(
+        f"{loop}.updates_per_batch={updates} does not split the rollout batch of {batch} sequences "
+        f"({loop}.prompts_per_step={section.prompts_per_step} × {loop}.generations_per_prompt="
+        f"{section.generations_per_prompt}) into minibatches that divide evenly over the {workers} {role} "
+        f"worker(s): with several workers the batch must be a multiple of updates_per_batch × workers. "
+        f"{hint}, or change {loop}.prompts_per_step or the number of workers"
+    )
+
+
+def generation_logprob_uses(cfg: Any, loop: str) -> list[str]:
+    """What feeds the generator's logprobs into the loss or the advantages (not only into metrics)."""
+    loss, section = cfg.loss, cfg.grpo
+    uses = []
+    if loss.importance_correction is not None:
+        uses.append(f"loss.importance_correction={loss.importance_correction} weights by π_old / π_gen")
+    if getattr(section, "async_mode", False):
+        uses.append(f"{loop}.async_mode=true corrects stale data with the behaviour logprobs")
+    if loss.kl_in_reward and loss.kl_beta > 0 and section.updates_per_batch == 1:
+        uses.append(f"loss.kl_in_reward with {loop}.updates_per_batch=1 takes π_old from the generator")
+    estimator = getattr(cfg.advantage, "estimator", None)
+    if estimator == "on_policy_distill" and section.updates_per_batch == 1:
+        uses.append(
+            f"advantage.estimator=on_policy_distill with {loop}.updates_per_batch=1 takes the student's "
+            "logprobs from the generator"
+        )
+    return uses
+
+
+def check_truncated_sampling(cfg: Any, loop: str) -> None:
+    """vLLM with top_p < 1 or top_k reports the logprobs of the truncated distribution it samples
+    from (`processed_logprobs`); the trainer computes the full softmax (posttrain's HF sampler reports
+    that one). Refused where the generator's logprobs enter the loss or the advantages (the ratios
+    would be biased by the truncation); else a warning that the engine-mismatch metrics include it."""
+    g = cfg.generation
+    if g.backend != "vllm" or g.temperature == 0 or (g.top_p >= 1.0 and g.top_k is None):
+        return
+    knobs = f"generation.top_p={g.top_p}, generation.top_k={g.top_k}"
+    if uses := generation_logprob_uses(cfg, loop):
+        raise ValueError(
+            f"generation.backend=vllm with {knobs}: vLLM's logprobs are of the truncated distribution it "
+            f"samples from, while training computes the full softmax, so log π_gen is too high on every "
+            f"token and the ratios against it are biased; but {'; '.join(uses)}. Set generation.top_p=1 "
+            "and generation.top_k=null, or use generation.backend=hf (its logprobs are of the full "
+            "softmax), or turn those off"
+        )
+    config_warning(
+        f"generation.backend=vllm with {knobs}: vLLM's logprobs are of the truncated distribution, so "
+        "token_mult_prob_error, gen_kl and entropy include the truncation, not only the engine mismatch"
+    )
+
+
+class RLChecks(Strict):
+    """Base of the RL configs: runs `check_rl_config` (the one shared set) before each config's own
+    validators. `LOOP` names the config's loop section."""
+
+    LOOP: ClassVar[str] = "grpo"
+
+    @model_validator(mode="after")
+    def _rl_checks(self) -> RLChecks:
+        check_rl_config(self, self.LOOP)
+        return self

@@ -1,0 +1,307 @@
+"""The sections that sample and score episodes, shared by the RL trainers and eval: generation
+(HF / vLLM, refit transport and checks) and the environment; the episode token budget.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_serializer, model_validator
+
+from posttrain.config.agent import AgentConfig
+from posttrain.config.common import ClusterConfig, LoraConfig, Strict
+
+
+class VLLMConfig(Strict):
+    """Settings of the vLLM backend (generation.backend=vllm)."""
+
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="GPU: share of memory for vLLM.")
+    cpu_kv_cache_gib: int = Field(1, gt=0, description="CPU: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
+    enforce_eager: bool = Field(
+        True,
+        description="true: the model runs eagerly, the engine starts sooner. false: vLLM compiles it (GPU: "
+        "torch.compile and CUDA graphs; CPU: torch.compile with inductor, which needs a C++ compiler). "
+        "Measured on a 2-core CPU, SmolLM2-135M bf16 (benchmarks/vllm_refit_generation.py): decoding "
+        "2.10-2.37x transformers' generate against 1.78-1.80x eager; engine start 56-68 s against 12-13 s, "
+        "at every start (vllm-cpu 0.32 cannot reload its compiled artifact). Refits write into "
+        "the parameters the compiled graph reads (tested).",
+    )
+    prefix_caching: bool = Field(True, description="Prefill a prompt once for its G samples.")
+    max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together.")
+    sleep: bool = Field(False, description="GPU: release vLLM's memory while the policy trains.")
+    cpu_prepack: bool = Field(
+        False,
+        description="CPU: vLLM's prepacked oneDNN/AMX matmul weights, rebuilt after every refit: faster "
+        "decoding (+12% fp32, +25% bf16 measured), slower refits (0.3-0.5 s for 135M parameters against "
+        "0.06 s), linear weights held twice. false: F.linear on plain weights; a refit is one copy.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="The engine's weights and compute; auto: the policy's dtype. bfloat16 under a float32 "
+        "policy generates faster (GPUs; CPUs with AMX) and refits cast the weights; generation logprobs "
+        "then differ more from training's (watch token_mult_prob_error; loss.importance_correction "
+        "corrects for it). The checksum refit check compares the policy's weights cast to this dtype.",
+    )
+    lora_adapter: bool = Field(
+        False,
+        description="With policy.lora: the engine runs the base weights with vLLM's LoRA support and each "
+        "refit sends only the adapter (A, B), served as a new vLLM LoRA adapter; false: refits send the "
+        "merged weights W + s·BA. The checksum refit check then compares the adapter tensors. See docs/lora.md.",
+    )
+
+
+class RefitCheckConfig(Strict):
+    """After every weight transfer, check that the generator runs the trained weights; fail if not.
+
+    checksum: compare (Σw, Σw²) of the policy and the engine (cheap; catches a skipped or partial
+    refit). logprobs: sample a small probe batch with the generator and compare its logprobs to
+    the policy's on the same tokens (token_mult_prob_error; catches anything that changes outputs).
+    """
+
+    mode: Literal["off", "checksum", "logprobs"] = "checksum"
+    max_mult_prob_error: float = Field(1.02, ge=1, description="logprobs mode: fail above this.")
+    prompts: int = Field(2, gt=0, description="logprobs mode: probe prompts.")
+    new_tokens: int = Field(8, gt=0, description="logprobs mode: tokens sampled per probe prompt.")
+    relative_tolerance: float = Field(1e-9, gt=0, description="checksum mode.")
+
+
+VLLM_MAX_LORA_RANK = 512
+"""The largest `max_lora_rank` vLLM accepts."""
+
+RefitTransport = Literal["shared_memory", "object_store", "collective"]
+
+
+class GenerationConfig(Strict):
+    """How rollouts are sampled. Generation logprobs are of softmax(logits / temperature), the
+    distribution the policy trains (temperature 1 when greedy)."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    placement: Literal["colocated", "split"] = Field(
+        "colocated",
+        description="colocated: generate with the training weights in the policy workers; split: "
+        "separate generation workers that receive new weights after each update.",
+    )
+    num_workers: int = Field(1, gt=0, description="Generation workers (split placement).")
+    cpus_per_worker: int = Field(1, gt=0, description="CPU cores per generation worker (split placement).")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = Field(None, gt=0)
+    max_new_tokens: int = Field(32, gt=0)
+    max_episode_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="The episode token budget: generated tokens one episode may have over all its turns "
+        "(an episode that reaches it ends, truncated). It is the L_max of DAPO's soft overlong penalty "
+        "and of Dr.GRPO's normaliser (loss.aggregation=seq_mean_token_sum). null: environment.max_turns "
+        "× max_new_tokens (one turn: max_new_tokens). Must lie between max_new_tokens and that product, "
+        "and hold dapo.overlong_buffer.",
+    )
+    stop_strings: list[str] = Field(default_factory=list)
+    batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    refit_check: RefitCheckConfig = Field(default_factory=RefitCheckConfig)
+    refit_transport: Literal["auto", "shared_memory", "object_store", "collective"] = Field(
+        "auto",
+        description="Split placement: how new weights reach the generation workers. shared_memory: they "
+        "map the policy's weights, kept in /dev/shm (one CPU machine); object_store: policy rank 0 packs "
+        "them into buckets that travel through the Ray object store (any nodes; via host memory); "
+        "collective: policy rank 0 broadcasts the buckets over a process group of its own with the "
+        "workers (NCCL on GPU, gloo on CPU). auto: shared_memory on one CPU machine, collective with "
+        "GPUs on Ray, object_store otherwise (CPU across machines, or GPUs with cluster.backend=local).",
+    )
+
+    def resolved_refit_transport(self, cluster: ClusterConfig, sharded: bool = False) -> RefitTransport:
+        """The transport `auto` stands for on this cluster (an explicit choice is returned as is).
+        `sharded`: no process holds the generator's weights as plain parameters (FSDP2 or LoRA, see
+        `PolicyConfig.split_weights`)."""
+        if self.refit_transport != "auto":
+            return self.refit_transport
+        if cluster.gpus_per_node == 0 and cluster.num_nodes == 1 and not sharded:
+            return "shared_memory"
+        if (cluster.gpus_per_node > 0 or sharded) and cluster.backend == "ray":
+            return "collective"
+        return "object_store"
+
+    def check_lora_adapter(self, lora: LoraConfig | None) -> None:
+        """Raise ValueError when `vllm.lora_adapter` cannot work: it serves the policy's LoRA adapter
+        with vLLM's LoRA support (ranks up to 512; dropout and init only matter in training)."""
+        if not self.vllm.lora_adapter:
+            return
+        if self.backend != "vllm":
+            raise ValueError(
+                "generation.vllm.lora_adapter=true serves the adapter with vLLM's LoRA support, but "
+                f"generation.backend={self.backend}; set generation.backend=vllm or lora_adapter=false"
+            )
+        if lora is None:
+            raise ValueError(
+                "generation.vllm.lora_adapter=true serves the policy's LoRA adapter, but policy.lora is not "
+                "set; set policy.lora (e.g. policy.lora.rank=16) or generation.vllm.lora_adapter=false"
+            )
+        if lora.rank > VLLM_MAX_LORA_RANK:
+            raise ValueError(
+                f"generation.vllm.lora_adapter=true: vLLM serves LoRA ranks up to {VLLM_MAX_LORA_RANK}, "
+                f"policy.lora.rank={lora.rank}; lower the rank or set generation.vllm.lora_adapter=false "
+                "(merged-weight refits)"
+            )
+
+    def check_refit_transport(self, cluster: ClusterConfig, sharded: bool = False) -> None:
+        """Raise ValueError when split placement's refit transport cannot work on `cluster`."""
+        transport = self.resolved_refit_transport(cluster, sharded)
+        if transport == "shared_memory" and sharded:
+            raise ValueError(
+                "generation.refit_transport=shared_memory cannot serve an FSDP2-sharded policy "
+                "(policy.fsdp=true) or a LoRA policy (policy.lora): no process holds the generator's "
+                "weights as plain parameters. Use refit_transport=auto"
+            )
+        if transport == "shared_memory" and (cluster.gpus_per_node > 0 or cluster.num_nodes > 1):
+            raise ValueError(
+                "generation.refit_transport=shared_memory needs one CPU machine (cluster.num_nodes=1, "
+                f"cluster.gpus_per_node=0; got {cluster.num_nodes} nodes, {cluster.gpus_per_node} GPUs "
+                "per node): the weights are shared through /dev/shm. Use refit_transport=auto"
+            )
+        if transport == "collective" and cluster.backend == "local" and cluster.gpus_per_node > 0:
+            raise ValueError(
+                "generation.refit_transport=collective with cluster.backend=local and GPUs would put "
+                "both NCCL ranks on one GPU in one process, which NCCL refuses; use cluster.backend=ray "
+                "or refit_transport=object_store"
+            )
+
+
+def named_callables(value: Any) -> Any:
+    """`value` with every function in it (inside lists, tuples and dicts) replaced by its import path
+    "module:qualname"; plain data unchanged."""
+    if isinstance(value, dict):
+        return {k: named_callables(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [named_callables(v) for v in value]
+    if callable(value):
+        return (
+            f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', type(value).__qualname__)}"
+        )
+    return value
+
+
+class EnvironmentConfig(Strict):
+    name: str = Field("math", description="A registered environment or `package.module:Class`.")
+    kwargs: dict = Field(
+        default_factory=dict,
+        description="Constructor arguments; math: timeout_s, format_reward (for a boxed but wrong answer, 0.1); "
+        "reward_fn: reward_fn as `module:function`.",
+    )
+    max_error_fraction: float | None = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Stop the run with an error (naming the environment, showing the first error) when more "
+        "than this fraction of one generation batch's samples are verifier errors (a reward function that "
+        "raises, a verifier that times out); null: never.",
+    )
+    num_workers: int = Field(1, gt=0)
+    max_turns: int = Field(1, gt=0)
+    max_observation_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="A hard cap on an environment observation's content tokens (all its messages "
+        "together, the cut marker included; the chat template's own tokens not counted): a longer one "
+        "is cut in the middle (its start and end are kept); null: never cut. An episode that would "
+        "exceed policy.max_seq_len ends, truncated, either way.",
+    )
+    turn_barrier: bool = Field(
+        False,
+        description="Multi-turn episodes: false: each episode's next turn starts as soon as its "
+        "observation is ready, while the other episodes keep decoding (HF backend: a continuously "
+        "batched decode; vLLM: one engine request per turn, submitted when the environment has "
+        "stepped the episode); true: the turn-by-turn loop (every episode generates, then every one "
+        "is stepped). An FSDP2-sharded colocated policy with the HF backend always uses the "
+        "turn-by-turn loop.",
+    )
+    max_concurrent_steps: int = Field(
+        4,
+        gt=0,
+        description="Without a turn barrier, environment calls run off the decoder's thread while it "
+        "decodes the other episodes: at most this many calls in flight per generation worker (and "
+        "at once in each Ray environment worker), for an environment that may be stepped from several "
+        "threads (`concurrent_steps = True`, e.g. `latency`); any other is stepped one call at a time. "
+        "Turns that end while the bound is reached wait and go together in the next call.",
+    )
+    agent: AgentConfig | None = Field(
+        None,
+        description="Agent rollouts (docs/agents.md): your agent function or program plays each episode "
+        "through an OpenAI-compatible endpoint over the generator; the environment (or the agent) gives "
+        "the reward. null: the environment plays the episodes in process.",
+    )
+
+    @field_serializer("kwargs", when_used="json")
+    def _callables_by_name(self, kwargs: dict) -> dict:
+        """config.yaml and loggers record a Python callable (the Python API's reward functions) by its
+        import path, "module:qualname"."""
+        return named_callables(kwargs)
+
+    @model_validator(mode="after")
+    def _resolves(self) -> EnvironmentConfig:
+        """The name (or import path) is an environment class, the kwargs fit its constructor and its
+        function arguments given as `module:function` import (`check_environment`)."""
+        if self.model_fields_set & {"name", "kwargs"}:
+            import posttrain.environments  # noqa: F401  (registers the built-in environments)
+            from posttrain.environments.interface import check_environment
+
+            check_environment(self.name, self.kwargs)
+        return self
+
+    @model_validator(mode="after")
+    def _turn_limits_agree(self) -> EnvironmentConfig:
+        """An episode the environment allows n turns needs max_turns >= n: the rollout would otherwise
+        end it first and the environment's last turn (its shaped reward, its last try) is never paid."""
+        limit = environment_turn_limit(self.name, self.kwargs) if self.model_fields_set else None
+        if limit is not None and limit[1] > self.max_turns:
+            key, value = limit
+            raise ValueError(
+                f"environment.kwargs.{key}={value} is above environment.max_turns={self.max_turns}: the "
+                f"rollout would end an episode after {self.max_turns} turns, before the {self.name} "
+                f"environment has scored its last allowed turn (the sliding puzzle's shaped reward, "
+                f"reasoning-gym's last try would never be paid). Set environment.max_turns={value}, "
+                f"or environment.kwargs.{key}={self.max_turns}"
+            )
+        return self
+
+
+def environment_turn_limit(name: str, kwargs: dict[str, Any]) -> tuple[str, int] | None:
+    """The constructor argument that bounds an episode's turns of the registered environment `name`,
+    and its value (`posttrain.environments.interface.episode_turn_limit`); None for an environment
+    without one, or a name that is not registered (an import path is not imported here)."""
+    import posttrain.environments  # noqa: F401  (registers the built-in environments)
+    from posttrain.environments.interface import ENVIRONMENTS, episode_turn_limit
+
+    cls = ENVIRONMENTS.get(name)
+    return None if cls is None else episode_turn_limit(cls, kwargs)
+
+
+def episode_token_budget(generation: GenerationConfig, environment: EnvironmentConfig) -> int:
+    """The most generated tokens of one episode: generation.max_episode_tokens, else
+    environment.max_turns × generation.max_new_tokens (what max_turns full turns generate)."""
+    if generation.max_episode_tokens is not None:
+        return generation.max_episode_tokens
+    return environment.max_turns * generation.max_new_tokens
+
+
+def check_episode_budget(cfg: Any) -> None:
+    """Raise ValueError where the episode token budget disagrees with the limits it derives from:
+    an explicit budget below one turn (max_new_tokens) or above what max_turns turns can generate,
+    or a DAPO overlong buffer (the budget's last N tokens) longer than the budget."""
+    g, turns = cfg.generation, cfg.environment.max_turns
+    budget, most = episode_token_budget(g, cfg.environment), turns * g.max_new_tokens
+    if g.max_episode_tokens is not None and not g.max_new_tokens <= budget <= most:
+        raise ValueError(
+            f"generation.max_episode_tokens={budget} must lie between one turn (generation.max_new_tokens="
+            f"{g.max_new_tokens}) and what environment.max_turns={turns} turns generate ({most}): below, no "
+            "turn could use max_new_tokens; above, no episode reaches it. Set it in that range, or null "
+            f"for {most}"
+        )
+    buffer = getattr(getattr(cfg, "dapo", None), "overlong_buffer", None)
+    if buffer is not None and buffer > budget:
+        raise ValueError(
+            f"dapo.overlong_buffer={buffer} is longer than the episode token budget {budget} (generation."
+            f"max_episode_tokens, else environment.max_turns × generation.max_new_tokens): the soft overlong "
+            "penalty runs over the budget's last overlong_buffer tokens. Lower dapo.overlong_buffer or "
+            "raise the budget"
+        )
