@@ -35,8 +35,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from posttrain.config.commands import COMMANDS
 from posttrain.config.loader import apply_overrides, config_from_data, load_yaml, validate
-from posttrain.config.schema import ALGORITHM_CONFIGS
 
 ConfigLike = BaseModel | Mapping[str, Any] | str | Path | None
 Callback = Callable[[int, dict[str, float]], Any]
@@ -55,7 +55,7 @@ def make_config(
     """The validated config of `command` (see the module docstring). `data` maps a split of the
     `data` section ("train", "validation"; eval: "dataset") to in-memory rows, written as JSONL
     into the run directory once the rest of the config is valid."""
-    model = ALGORITHM_CONFIGS[command]
+    model = COMMANDS[command].config
     user, complete = _user_mapping(model, config)
     user = apply_overrides(user, list(overrides))
     if reward_funcs is not None:
@@ -130,9 +130,10 @@ def _callbacks(callbacks: Sequence[Callback]) -> Iterator[None]:
         yield
 
 
-def _train(command: str, run: Callable[[Any], Any], cfg: BaseModel, callbacks: Sequence[Callback]) -> Any:
+def _train(command: str, cfg: BaseModel, callbacks: Sequence[Callback] = ()) -> Any:
+    """Run `command`'s entry point (`posttrain.config.commands.COMMANDS`) on `cfg`, step callbacks on."""
     with _callbacks(callbacks):
-        return run(cfg)
+        return COMMANDS[command].run_function()(cfg)
 
 
 def sft(
@@ -144,10 +145,8 @@ def sft(
     overrides: Sequence[str] = (),
 ) -> Any:
     """`posttrain sft`: rows in `messages` or prompt/response form. Returns an `SFTResult`."""
-    from posttrain.trainers.sft import run_sft
-
     data = {"train": train_data, "validation": validation_data}
-    return _train("sft", run_sft, make_config("sft", config, overrides, data=data), callbacks)
+    return _train("sft", make_config("sft", config, overrides, data=data), callbacks)
 
 
 def dpo(
@@ -159,10 +158,8 @@ def dpo(
     overrides: Sequence[str] = (),
 ) -> Any:
     """`posttrain dpo`: rows with prompt, chosen, rejected. Returns a `PreferenceResult`."""
-    from posttrain.trainers.dpo import run_dpo
-
     data = {"train": train_data, "validation": validation_data}
-    return _train("dpo", run_dpo, make_config("dpo", config, overrides, data=data), callbacks)
+    return _train("dpo", make_config("dpo", config, overrides, data=data), callbacks)
 
 
 def rm(
@@ -174,15 +171,12 @@ def rm(
     overrides: Sequence[str] = (),
 ) -> Any:
     """`posttrain rm`: a reward model on rows with prompt, chosen, rejected. Returns a `PreferenceResult`."""
-    from posttrain.trainers.rm import run_rm
-
     data = {"train": train_data, "validation": validation_data}
-    return _train("rm", run_rm, make_config("rm", config, overrides, data=data), callbacks)
+    return _train("rm", make_config("rm", config, overrides, data=data), callbacks)
 
 
 def _rl(
     command: str,
-    run: Callable[[Any], Any],
     config: ConfigLike,
     train_data: Any,
     validation_data: Any,
@@ -199,7 +193,7 @@ def _rl(
         reward_funcs=reward_funcs,
         reward_weights=reward_weights,
     )
-    return _train(command, run, cfg, callbacks)
+    return _train(command, cfg, callbacks)
 
 
 def grpo(
@@ -214,10 +208,8 @@ def grpo(
 ) -> Any:
     """`posttrain grpo`: rows are tasks (a `prompt` or `messages`, plus the fields the reward reads).
     Returns a `GRPOResult`."""
-    from posttrain.trainers.grpo import run_grpo
-
     args = (train_data, validation_data, reward_funcs, reward_weights, callbacks, overrides)
-    return _rl("grpo", run_grpo, config, *args)
+    return _rl("grpo", config, *args)
 
 
 def ppo(
@@ -231,10 +223,8 @@ def ppo(
     overrides: Sequence[str] = (),
 ) -> Any:
     """`posttrain ppo`, with the same arguments as `grpo`."""
-    from posttrain.trainers.ppo import run_ppo
-
     args = (train_data, validation_data, reward_funcs, reward_weights, callbacks, overrides)
-    return _rl("ppo", run_ppo, config, *args)
+    return _rl("ppo", config, *args)
 
 
 def distill(
@@ -246,9 +236,7 @@ def distill(
     overrides: Sequence[str] = (),
 ) -> Any:
     """`posttrain distill`: the student samples the tasks' prompts, the teacher scores its tokens."""
-    from posttrain.trainers.distill import run_distill
-
-    return _rl("distill", run_distill, config, train_data, validation_data, None, None, callbacks, overrides)
+    return _rl("distill", config, train_data, validation_data, None, None, callbacks, overrides)
 
 
 def evaluate(
@@ -260,8 +248,6 @@ def evaluate(
     overrides: Sequence[str] = (),
 ) -> Any:
     """`posttrain eval`: any environment's reward (or `metric: loss` on SFT rows). Returns an `EvalResult`."""
-    from posttrain.trainers.eval import run_eval
-
     cfg = make_config(
         "eval",
         config,
@@ -270,4 +256,4 @@ def evaluate(
         reward_funcs=reward_funcs,
         reward_weights=reward_weights,
     )
-    return run_eval(cfg)
+    return _train("eval", cfg)

@@ -16,41 +16,15 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
+from posttrain.config.commands import COMMANDS
 from posttrain.config.loader import load_config, to_yaml
-from posttrain.config.schema import ALGORITHM_CONFIGS
 from posttrain.errors import UserError
 
 
 def _trainer(name: str) -> Callable:
-    if name == "sft":
-        from posttrain.trainers.sft import run_sft
-
-        return run_sft
-    if name == "grpo":
-        from posttrain.trainers.grpo import run_grpo
-
-        return run_grpo
-    if name == "eval":
-        from posttrain.trainers.eval import run_eval
-
-        return _print_eval(run_eval)
-    if name == "dpo":
-        from posttrain.trainers.dpo import run_dpo
-
-        return run_dpo
-    if name == "rm":
-        from posttrain.trainers.rm import run_rm
-
-        return run_rm
-    if name == "distill":
-        from posttrain.trainers.distill import run_distill
-
-        return run_distill
-    if name == "ppo":
-        from posttrain.trainers.ppo import run_ppo
-
-        return run_ppo
-    raise KeyError(name)
+    """The function `posttrain <name>` runs with its config (eval also prints its summary)."""
+    run = COMMANDS[name].run_function()
+    return _print_eval(run) if name == "eval" else run
 
 
 def _print_eval(run_eval: Callable) -> Callable:
@@ -78,7 +52,7 @@ def _export_command(args: argparse.Namespace) -> int:
 
 
 def _train_command(args: argparse.Namespace) -> int:
-    config = load_config(ALGORITHM_CONFIGS[args.command], args.config, args.overrides)
+    config = load_config(COMMANDS[args.command].config, args.config, args.overrides)
     if args.print_config:
         print(to_yaml(config), end="")
         return 0
@@ -162,51 +136,6 @@ def _add_env_parser(sub: argparse._SubParsersAction, debug: argparse.ArgumentPar
 
 DEBUG_HELP = "show the traceback of configuration and data errors too (or set POSTTRAIN_DEBUG=1)"
 
-COMMAND_HELP = {
-    "eval": "evaluate a model or checkpoint: any environment's reward on sampled episodes (mean_reward, "
-    "accuracy, pass@k, cons@k; math by default), or metric=loss: held-out loss and perplexity of SFT data",
-    "rm": "train a reward model",
-    "distill": "on-policy distillation: the student samples, a teacher's top-k scores its tokens",
-    "ppo": "train with PPO: a learned critic (value model) and GAE, one sample per prompt",
-}
-
-
-_RL_KEYS = (
-    "policy.model_name",
-    "policy.optimizer.lr",
-    "data.train.path",
-    "environment.name",
-    "generation.backend",
-    "generation.max_new_tokens",
-)
-_RUN_KEYS = ("cluster.backend", "cluster.gpus_per_node", "checkpoint.save_every", "logging.run_dir")
-_LOOP = ("max_steps", "global_batch_size", "val_every")
-_RL_LOOP = ("max_steps", "prompts_per_step", "generations_per_prompt", "val_every")
-_BASIC = ("policy.model_name", "policy.optimizer.lr", "policy.max_seq_len", "data.train.path")
-
-MAIN_KEYS: dict[str, tuple[str, ...]] = {
-    "sft": (*_BASIC, "data.validation.path", *(f"sft.{k}" for k in _LOOP), *_RUN_KEYS),
-    "grpo": (*_RL_KEYS, *(f"grpo.{k}" for k in _RL_LOOP), *_RUN_KEYS),
-    "dpo": (*_BASIC, "data.validation.path", *(f"dpo.{k}" for k in _LOOP), "dpo.beta", *_RUN_KEYS),
-    "rm": (*_BASIC, "data.validation.path", *(f"rm.{k}" for k in _LOOP), *_RUN_KEYS),
-    "ppo": (*_RL_KEYS, "critic.model_name", *(f"ppo.{k}" for k in _RL_LOOP), *_RUN_KEYS),
-    "distill": (*_RL_KEYS, "teacher.model_name", *(f"distill.{k}" for k in _RL_LOOP), *_RUN_KEYS),
-    "eval": (
-        "model",
-        "metric",
-        "data.dataset.path",
-        "environment.name",
-        "generation.backend",
-        "generation.max_new_tokens",
-        "generation.temperature",
-        "sampling.samples_per_prompt",
-        "sampling.k",
-        "output_dir",
-    ),
-}
-"""The keys each command's --help lists with their defaults (read from the config models, so a
-renamed key fails tests/unit/test_cli_help.py instead of going stale)."""
-
 REFERENCE = "docs/configuration.md"
 
 
@@ -228,7 +157,7 @@ def main_keys_help(command: str, width: int | None = None) -> str:
     """The epilog of a command's --help: its main keys as `key=default  description` lines (each cut to
     `width`, default the terminal's), then where every other key is documented."""
     width = max(40, width or shutil.get_terminal_size().columns)
-    rows = [(key, *key_default(ALGORITHM_CONFIGS[command], key)) for key in MAIN_KEYS[command]]
+    rows = [(key, *key_default(COMMANDS[command].config, key)) for key in COMMANDS[command].main_keys]
     cells = [(f"{key}={_shown(value)}", text) for key, value, text in rows]
     pad = max(len(cell) for cell, _ in cells) + 2
     lines = ["main settings (key=default; set any on the command line as key=value):"]
@@ -262,12 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ALGORITHM_CONFIGS:
-        text = COMMAND_HELP.get(name, f"train with {name.upper()}")
+    for name, command in COMMANDS.items():
         p = sub.add_parser(
             name,
-            help=text,
-            description=text,
+            help=command.help,
+            description=command.help,
             parents=[debug],
             epilog=main_keys_help(name),
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -300,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="check this machine for a run; print the fix for each problem", parents=[debug]
     )
     doc.add_argument("--config", help="check what this recipe needs (default: the grpo quickstart)")
-    doc.add_argument("--algorithm", choices=list(ALGORITHM_CONFIGS), help="the command the config is for")
+    doc.add_argument("--algorithm", choices=list(COMMANDS), help="the command the config is for")
     doc.add_argument("--smoke", action="store_true", help="also run one GRPO step on a tiny random model")
     doc.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generation.backend=vllm")
     doc.set_defaults(func=_doctor_command)

@@ -529,19 +529,19 @@ def load_doctor_config(
     """The config to check: ``algorithm``'s (default grpo); with a file and no algorithm, the first
     algorithm (grpo, sft, dpo, rm, distill, eval) whose config accepts the file and the overrides.
     When none does but one accepts the file alone, its error blames the overrides (`OverrideError`)."""
+    from posttrain.config.commands import COMMANDS
     from posttrain.config.loader import OverrideError, load_config
-    from posttrain.config.schema import ALGORITHM_CONFIGS
     from posttrain.errors import UserError
 
     if algorithm or path is None:
         name = algorithm or "grpo"
-        return name, load_config(ALGORITHM_CONFIGS[name], path, overrides)
+        return name, load_config(COMMANDS[name].config, path, overrides)
     order = ["grpo", "sft", "dpo", "rm", "distill", "eval"]
-    names = [n for n in order if n in ALGORITHM_CONFIGS] + [n for n in ALGORITHM_CONFIGS if n not in order]
+    names = [n for n in order if n in COMMANDS] + [n for n in COMMANDS if n not in order]
     override_errors, errors = [], []
     for name in names:
         try:
-            return name, load_config(ALGORITHM_CONFIGS[name], path, overrides)
+            return name, load_config(COMMANDS[name].config, path, overrides)
         except OverrideError as e:  # the file fits this command; the overrides do not
             override_errors.append(e)
         except UserError as e:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.cli import MAIN_KEYS, REFERENCE, _shown, build_parser, key_default
+from posttrain.cli import REFERENCE, _shown, build_parser, key_default
+from posttrain.config.commands import MAIN_KEYS
 from posttrain.config.loader import load_config
 from posttrain.config.schema import ALGORITHM_CONFIGS
 from posttrain.trainers.common import flat_items

@@ -1,8 +1,8 @@
 """Typed configs, YAML recipes with `defaults:` inheritance, and dotted CLI overrides."""
 
+from posttrain.config.commands import ALGORITHM_CONFIGS, COMMANDS, Command
 from posttrain.config.loader import ConfigError, apply_overrides, load_config, load_yaml, to_yaml, validate
 from posttrain.config.schema import (
-    ALGORITHM_CONFIGS,
     CheckpointConfig,
     ClusterConfig,
     DatasetConfig,
@@ -18,8 +18,10 @@ from posttrain.config.schema import (
 
 __all__ = [
     "ALGORITHM_CONFIGS",
+    "COMMANDS",
     "CheckpointConfig",
     "ClusterConfig",
+    "Command",
     "ConfigError",
     "DatasetConfig",
     "LoggingConfig",

@@ -1,10 +1,12 @@
 """The config classes under their old single-module name: `posttrain.config.schema` re-exports every
 section and command config from the module it lives in (common, rollout, loss, rl, sft, grpo, ppo,
-distill, eval, preference, sandbox). New code imports from those modules."""
+distill, eval, preference, sandbox) and `ALGORITHM_CONFIGS` (`posttrain.config.commands`). New code
+imports from those modules."""
 
-# ruff: noqa: F401, F403, F405
+# ruff: noqa: F401, F403
 from __future__ import annotations
 
+from posttrain.config.commands import ALGORITHM_CONFIGS
 from posttrain.config.common import *
 from posttrain.config.distill import *
 from posttrain.config.eval import *
@@ -16,13 +18,3 @@ from posttrain.config.rl import *
 from posttrain.config.rollout import *
 from posttrain.config.sandbox import *
 from posttrain.config.sft import *
-
-ALGORITHM_CONFIGS: dict[str, type[Strict]] = {
-    "sft": SFTConfig,
-    "grpo": GRPOConfig,
-    "eval": EvalConfig,
-    "dpo": DPOConfig,
-    "rm": RMConfig,
-    "distill": DistillConfig,
-    "ppo": PPOConfig,
-}
