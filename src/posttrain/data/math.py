@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from posttrain.config.schema import DatasetConfig
+from posttrain.data.boxed import extract_last_boxed
 from posttrain.data.sources import DataError, Row
 
 
@@ -17,8 +18,6 @@ def read_answer(row: Row, cfg: DatasetConfig) -> str:
             raise DataError(f"{row.where}: a GSM8K answer must end with '#### <answer>', got {raw[-60:]!r}")
         return raw.split("####")[-1].strip().replace(",", "")
     if cfg.answer_format == "boxed":
-        from posttrain.environments.math import extract_last_boxed
-
         boxed = extract_last_boxed(raw)
         if boxed is None:
             raise DataError(f"{row.where}: no \\boxed{{}} answer in {cfg.answer_key!r}")

@@ -7,6 +7,7 @@ LLM-as-judge, any OpenEnv server by URL (`openenv`), and any of them behind a st
 See docs/environments.md for writing your own.
 """
 
+from posttrain.data.boxed import extract_last_boxed
 from posttrain.environments.calculator import CalculatorEnvironment
 from posttrain.environments.code import CodeEnvironment
 from posttrain.environments.group import EnvironmentGroup
@@ -26,7 +27,7 @@ from posttrain.environments.interface import (
 )
 from posttrain.environments.judge import JudgeEnvironment
 from posttrain.environments.latency import LatencyEnvironment
-from posttrain.environments.math import MathEnvironment, extract_last_boxed, math_verify_equal
+from posttrain.environments.math import MathEnvironment, math_verify_equal
 from posttrain.environments.math_format import MathFormatEnvironment
 from posttrain.environments.openenv_env import OpenEnvEnvironment
 from posttrain.environments.python_tool import PythonToolEnvironment

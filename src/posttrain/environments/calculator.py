@@ -27,8 +27,9 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal
 
+from posttrain.data.boxed import boxed_contents
 from posttrain.environments.interface import EpisodeStart, register_environment
-from posttrain.environments.math import boxed_contents, final_boxed_answer, strip_think
+from posttrain.environments.math import final_boxed_answer, strip_think
 from posttrain.environments.tools import ToolEnvironment, ToolRegistry
 
 MAX_EXPRESSION_CHARS = 200

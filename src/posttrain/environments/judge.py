@@ -54,6 +54,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from posttrain.data.boxed import extract_last_boxed
 from posttrain.environments.interface import (
     EnvStepResult,
     Message,
@@ -613,7 +614,5 @@ def _reference_block(meta: dict[str, Any]) -> str:
 
 def _boxed_equals(reply: str, answer: Any) -> bool:
     """The last \\boxed{} equals the answer as a string (ground truth for `env/accuracy`)."""
-    from posttrain.environments.math import extract_last_boxed
-
     boxed = extract_last_boxed(reply)
     return boxed is not None and boxed.strip() == str(answer).strip()

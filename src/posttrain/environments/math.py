@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from posttrain.data.boxed import boxed_contents
 from posttrain.environments.interface import (
     EnvStepResult,
     Message,
@@ -30,49 +31,7 @@ from posttrain.environments.interface import (
 )
 from posttrain.environments.timeout_pool import TimeoutPool
 
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
-
-
-def extract_last_boxed(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced; None if absent.
-
-    Nested braces are matched (`\\boxed{\\frac{1}{2}}` -> `\\frac{1}{2}`), escaped braces `\\{ \\}`
-    are skipped, and a last box left unclosed (a truncated completion) gives None.
-    """
-    end = len(text)
-    while True:
-        start = max(text.rfind(cmd, 0, end) for cmd in _BOX_COMMANDS)
-        if start < 0:
-            return None
-        i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
-        while i < len(text) and text[i].isspace():
-            i += 1
-        if i < len(text) and text[i] == "{":
-            break
-        end = start  # `\boxed` without a brace (prose, `\boxed 5`): look at the box before it
-    return _braced(text, i)
-
-
-def _braced(text: str, i: int) -> str | None:
-    """The stripped content of the brace group opening at `text[i]` ("{"); None if it never closes."""
-    depth, j = 0, i
-    while j < len(text):
-        c = text[j]
-        if c == "\\":
-            j += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j].strip()
-        j += 1
-    return None
-
-
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def strip_think(text: str) -> str:
@@ -85,12 +44,6 @@ def strip_think(text: str) -> str:
         text = text[end + len("</think>") :]
     start = text.lower().find("<think>")
     return text if start < 0 else text[:start]
-
-
-def boxed_contents(text: str) -> list[str | None]:
-    """Every `\\boxed{…}` / `\\fbox{…}` of `text` in order (nested ones too): its stripped content, or
-    None for a box left unclosed."""
-    return [_braced(text, m.end() - 1) for m in _BOX_OPEN.finditer(text)]
 
 
 def final_boxed_answer(text: str) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from posttrain.data.batching import collate
+from posttrain.data.boxed import extract_last_boxed
 from posttrain.data.tokenize import TokenizedExample, tokenize_conversation
 from posttrain.environments.interface import (
     EnvStepResult,
@@ -29,7 +30,6 @@ from posttrain.environments.interface import (
     last_assistant_content,
     register_environment,
 )
-from posttrain.environments.math import extract_last_boxed
 
 
 @register_environment("reward_model")
