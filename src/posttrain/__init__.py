@@ -2,8 +2,11 @@
 
 The Python API (docs/python_api.md): `posttrain.sft`, `dpo`, `rm`, `grpo`, `ppo`, `distill` and
 `evaluate` run the CLI's commands from Python; the config classes (`posttrain.GRPOConfig`, ...)
-and `load_config` build their configs. Everything is imported on first use, so `import posttrain`
-loads neither torch nor transformers nor ray.
+and `load_config` build their configs. Everything else is imported on first use, so `import posttrain`
+loads `posttrain.config` (pydantic) but neither torch nor transformers nor ray.
+
+This root also installs what config validation looks up in the floors above config (environment
+names and kwargs, tool-call parsers; `posttrain.config.lookups`), imported when first used.
 """
 
 from __future__ import annotations
@@ -11,7 +14,33 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from posttrain.config.lookups import Lookups, install_lookups
+
 __version__ = "0.1.0"
+
+
+def _check_environment(name: str, kwargs: dict[str, Any]) -> None:
+    import posttrain.environments  # noqa: F401  (registers the built-in environments)
+    from posttrain.environments.interface import check_environment
+
+    check_environment(name, kwargs)
+
+
+def _turn_limit(name: str, kwargs: dict[str, Any]) -> tuple[str, int] | None:
+    import posttrain.environments  # noqa: F401  (registers the built-in environments)
+    from posttrain.environments.interface import ENVIRONMENTS, episode_turn_limit
+
+    cls = ENVIRONMENTS.get(name)
+    return None if cls is None else episode_turn_limit(cls, kwargs)
+
+
+def _tool_parsers() -> list[str]:
+    from posttrain.endpoint.parsers import TOOL_CALL_PARSERS
+
+    return list(TOOL_CALL_PARSERS)
+
+
+install_lookups(Lookups(_check_environment, _turn_limit, _tool_parsers))
 
 _EXPORTS = {
     **{

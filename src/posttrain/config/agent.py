@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from posttrain.config.lookups import installed_lookups
+
 
 class AgentConfig(BaseModel):
     """Which agent runs the episodes, where its reward comes from, and how the endpoint serves it."""
@@ -60,15 +62,13 @@ class AgentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_agent(self) -> AgentConfig:
-        """Exactly one of function and command."""
+        """Exactly one of function and command; a registered tool-call parser (`Lookups.tool_parsers`)."""
         if (self.function is None) == (self.command is None):
             raise ValueError(
                 "environment.agent needs exactly one of function (module:function) and command (a program)"
             )
-        from posttrain.endpoint.parsers import TOOL_CALL_PARSERS
-
-        if self.tool_parser not in TOOL_CALL_PARSERS:
-            raise ValueError(
-                f"environment.agent.tool_parser {self.tool_parser!r} is not one of {sorted(TOOL_CALL_PARSERS)}"
-            )
+        lookups = installed_lookups()
+        parsers = sorted(lookups.tool_parsers()) if lookups is not None else [self.tool_parser]
+        if self.tool_parser not in parsers:
+            raise ValueError(f"environment.agent.tool_parser {self.tool_parser!r} is not one of {parsers}")
         return self

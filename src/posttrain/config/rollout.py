@@ -10,6 +10,7 @@ from pydantic import Field, field_serializer, model_validator
 
 from posttrain.config.agent import AgentConfig
 from posttrain.config.common import ClusterConfig, LoraConfig, Strict
+from posttrain.config.lookups import installed_lookups
 
 
 class VLLMConfig(Strict):
@@ -240,12 +241,10 @@ class EnvironmentConfig(Strict):
     @model_validator(mode="after")
     def _resolves(self) -> EnvironmentConfig:
         """The name (or import path) is an environment class, the kwargs fit its constructor and its
-        function arguments given as `module:function` import (`check_environment`)."""
-        if self.model_fields_set & {"name", "kwargs"}:
-            import posttrain.environments  # noqa: F401  (registers the built-in environments)
-            from posttrain.environments.interface import check_environment
-
-            check_environment(self.name, self.kwargs)
+        function arguments given as `module:function` import (`Lookups.check_environment`)."""
+        lookups = installed_lookups()
+        if lookups is not None and self.model_fields_set & {"name", "kwargs"}:
+            lookups.check_environment(self.name, self.kwargs)
         return self
 
     @model_validator(mode="after")
@@ -267,13 +266,10 @@ class EnvironmentConfig(Strict):
 
 def environment_turn_limit(name: str, kwargs: dict[str, Any]) -> tuple[str, int] | None:
     """The constructor argument that bounds an episode's turns of the registered environment `name`,
-    and its value (`posttrain.environments.interface.episode_turn_limit`); None for an environment
-    without one, or a name that is not registered (an import path is not imported here)."""
-    import posttrain.environments  # noqa: F401  (registers the built-in environments)
-    from posttrain.environments.interface import ENVIRONMENTS, episode_turn_limit
-
-    cls = ENVIRONMENTS.get(name)
-    return None if cls is None else episode_turn_limit(cls, kwargs)
+    and its value (`Lookups.turn_limit`); None for an environment without one, or a name that is not
+    registered (an import path is not imported here)."""
+    lookups = installed_lookups()
+    return None if lookups is None else lookups.turn_limit(name, kwargs)
 
 
 def episode_token_budget(generation: GenerationConfig, environment: EnvironmentConfig) -> int:
