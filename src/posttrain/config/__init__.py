@@ -1,8 +1,7 @@
 """Typed configs, YAML recipes with `defaults:` inheritance, and dotted CLI overrides."""
 
 from posttrain.config.commands import ALGORITHM_CONFIGS, COMMANDS, Command
-from posttrain.config.loader import ConfigError, apply_overrides, load_config, load_yaml, to_yaml, validate
-from posttrain.config.schema import (
+from posttrain.config.common import (
     CheckpointConfig,
     ClusterConfig,
     DatasetConfig,
@@ -11,10 +10,9 @@ from posttrain.config.schema import (
     PolicyConfig,
     ReasoningGymConfig,
     SchedulerConfig,
-    SFTConfig,
-    SFTDataConfig,
-    SFTTrainerConfig,
 )
+from posttrain.config.loader import ConfigError, apply_overrides, load_config, load_yaml, to_yaml, validate
+from posttrain.config.sft import SFTConfig, SFTDataConfig, SFTTrainerConfig
 
 __all__ = [
     "ALGORITHM_CONFIGS",

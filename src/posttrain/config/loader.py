@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from posttrain.config.schema import names_own_train_data
+from posttrain.config.common import names_own_train_data
 from posttrain.errors import UserError
 
 T = TypeVar("T", bound=BaseModel)
@@ -175,7 +175,7 @@ def config_from_data(model: type[T], data: dict) -> T:
     """The model's defaults updated by a user's nested mapping (a recipe after its overrides), validated.
 
     A `data` section that names training data of its own without `validation` drops the default
-    validation split (`posttrain.config.schema.names_own_train_data`): no validation set."""
+    validation split (`posttrain.config.common.names_own_train_data`): no validation set."""
     defaults = model().model_dump()
     user_data = data.get("data")
     if (
