@@ -39,10 +39,11 @@ from posttrain.config.schema import PPOConfig
 from posttrain.data.batching import collate
 from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.interface import make_environment
+from posttrain.environments.tools import prompt_ids_of
 from posttrain.generation.sampling import SamplingParams, hf_generate
 from posttrain.modeling.tokenizer import load_tokenizer
 from posttrain.models.critic import load_trained_value_model, token_values
-from posttrain.rollout.rollout import prompt_ids_of, start_episodes
+from posttrain.rollout.episode import start_episodes
 from posttrain.rollout.tasks import load_tasks
 
 

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from posttrain.data.trajectory import EpisodeLimits
 from posttrain.endpoint.app import AgentEndpoint, Session
 from posttrain.endpoint.batching import GenerationQueue
 from posttrain.endpoint.parsers import get_tool_call_parser
@@ -13,7 +14,6 @@ from posttrain.endpoint.recorder import EpisodeRecorder
 from posttrain.endpoint.server import EndpointServer
 from posttrain.environments.tools import template_supports_tools
 from posttrain.generation.sampling import GenerationOutput, SamplingParams
-from posttrain.rollout.rollout import EpisodeLimits
 
 
 class ScriptedGenerator:

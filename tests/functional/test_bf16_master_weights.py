@@ -67,9 +67,10 @@ def test_bf16_run_moves_its_weights_at_lr_1e_6(tiny_model_dir, tokenizer, tmp_pa
 def test_bf16_logprobs_reference_and_generation_compute_alike(tiny_model_dir, tokenizer):
     """The reference computes like the policy (KL 0 before any update), logprobs run in bf16 (they differ
     from fp32's) and colocated HF generation samples with the same bf16 numerics as training scores."""
+    from posttrain.data.trajectory import Trajectory
     from posttrain.distributed.actor import ActorPolicy
     from posttrain.generation.sampling import SamplingParams
-    from posttrain.rollout.rollout import Trajectory, build_rl_batch
+    from posttrain.rollout.rollout import build_rl_batch
 
     def actor(dtype: str) -> ActorPolicy:
         return ActorPolicy(

@@ -135,8 +135,10 @@ class StepEngine:
 
 
 def test_the_engine_loop_steps_whole_groups_too(tokenizer):
+    from posttrain.data.trajectory import EpisodeLimits
+    from posttrain.environments.tools import prompt_ids_of
     from posttrain.rollout.continuous import engine_episode_loop
-    from posttrain.rollout.rollout import EpisodeLimits, new_trajectories, prompt_ids_of, start_episodes
+    from posttrain.rollout.episode import new_trajectories, start_episodes
 
     starts = start_episodes(GroupProbe(), TASKS, [0, 1])
     trajectories = new_trajectories(

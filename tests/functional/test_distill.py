@@ -13,6 +13,7 @@ from conftest import make_tiny_model_dir
 
 from posttrain.config import load_config
 from posttrain.config.schema import DistillConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.student import DistillBatch, StudentActor
 from posttrain.generation.sampling import SamplingParams
@@ -22,7 +23,7 @@ from posttrain.models.distill_logprobs import (
     teacher_topk_chunk,
 )
 from posttrain.models.teacher import Teacher, TokenizerMismatchError, check_same_tokenizer
-from posttrain.rollout.rollout import Trajectory, build_rl_batch
+from posttrain.rollout.rollout import build_rl_batch
 from posttrain.trainers.distill import distill_loss_fn, run_distill
 
 

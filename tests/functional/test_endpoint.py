@@ -195,7 +195,7 @@ def test_edited_history_is_refused_and_named(tokenizer):
 
 
 def test_a_request_past_max_turns_is_refused_and_the_episode_kept(tokenizer):
-    from posttrain.rollout.rollout import EpisodeLimits
+    from posttrain.data.trajectory import EpisodeLimits
 
     generator = ScriptedGenerator(tokenizer, ["One.", "Two."])
     with serving(generator, tokenizer, limits=EpisodeLimits(max_turns=1, max_seq_len=512)) as (server, app):

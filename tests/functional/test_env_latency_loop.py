@@ -245,8 +245,10 @@ class Engine:
 
 
 def test_the_engine_loop_keeps_stepping_while_an_environment_call_waits(tokenizer):
+    from posttrain.data.trajectory import EpisodeLimits
+    from posttrain.environments.tools import prompt_ids_of
     from posttrain.rollout.continuous import engine_episode_loop
-    from posttrain.rollout.rollout import EpisodeLimits, new_trajectories, prompt_ids_of
+    from posttrain.rollout.episode import new_trajectories
 
     env = Gated(limit=2, slow=0)
     starts = env.reset([{"id": i} for i in range(N)], list(range(N)))

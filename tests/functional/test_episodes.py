@@ -344,7 +344,7 @@ def _content_tokens(tokenizer, text: str) -> int:
 
 
 def test_cut_middle_is_a_hard_cap_marker_included(tokenizer):
-    from posttrain.rollout.rollout import cut_middle
+    from posttrain.data.trajectory import cut_middle
 
     long = {"role": "tool", "content": "word " * 300}  # SmolLM2: "word", 299 x " word", " ": 301 tokens
     # limit 20: the marker "\n[... 293 tokens cut ...]\n" is 12 tokens (digits one token each), so 8
@@ -363,7 +363,7 @@ def test_cut_middle_is_a_hard_cap_marker_included(tokenizer):
 
 
 def test_cut_observation_caps_the_messages_together(tokenizer):
-    from posttrain.rollout.rollout import cut_observation
+    from posttrain.data.trajectory import cut_observation
 
     long = {"role": "tool", "content": "word " * 300}
     short = {"role": "tool", "content": "second result"}  # 2 tokens: kept whole

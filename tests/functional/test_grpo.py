@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from posttrain.config.schema import GRPOConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.generation.sampling import SamplingParams
-from posttrain.rollout.rollout import Trajectory, build_rl_batch
+from posttrain.rollout.rollout import build_rl_batch
 from posttrain.trainers.grpo import grpo_loss, positive_tokens, run_grpo
 
 

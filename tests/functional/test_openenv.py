@@ -43,7 +43,7 @@ from posttrain.environments.sliding_puzzle import (  # noqa: E402
     shuffled_grid,
     solve_bfs,
 )
-from posttrain.rollout.rollout import start_episodes  # noqa: E402
+from posttrain.rollout.episode import start_episodes  # noqa: E402
 from posttrain.serve.openenv_server import create_app  # noqa: E402
 
 PUZZLE_ARGS = ["sliding_puzzle", "max_moves=4", "shaped_reward=0.3", "max_shuffle_moves=5"]

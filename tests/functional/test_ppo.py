@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from posttrain.config.schema import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.data.trajectory import Trajectory
 from posttrain.models.critic import Critic
-from posttrain.rollout.rollout import Trajectory, build_rl_batch
+from posttrain.rollout.rollout import build_rl_batch
 from posttrain.trainers.ppo import PPOBatch, value_loss_fn
 
 

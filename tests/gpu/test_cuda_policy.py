@@ -46,9 +46,10 @@ def test_bf16_training_step_on_cuda_lowers_the_loss(tiny_model_dir, tokenizer):
 
 
 def test_cuda_generation_logprobs_match_training(tiny_model_dir, tokenizer):
+    from posttrain.data.trajectory import Trajectory
     from posttrain.distributed.actor import ActorPolicy
     from posttrain.generation.sampling import SamplingParams
-    from posttrain.rollout.rollout import Trajectory, build_rl_batch
+    from posttrain.rollout.rollout import build_rl_batch
 
     policy = ActorPolicy(
         _cfg(), model_path=str(tiny_model_dir), total_steps=1, tokenizer_path=str(tiny_model_dir), gpus=1

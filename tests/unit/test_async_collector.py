@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from posttrain.data.trajectory import Trajectory
 from posttrain.rollout.async_collector import (
     AsyncCollector,
     GenerationFailed,
@@ -15,7 +16,6 @@ from posttrain.rollout.async_collector import (
     overlap_time,
 )
 from posttrain.rollout.replay_buffer import ReplayBuffer, RolloutGroup
-from posttrain.rollout.rollout import Trajectory
 from posttrain.weights.refit import SharedSnapshot, map_shared
 
 

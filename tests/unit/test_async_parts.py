@@ -7,8 +7,8 @@ import torch
 
 from posttrain.algorithms.metrics import importance_ratio_stats
 from posttrain.algorithms.policy_loss import importance_weights
+from posttrain.data.trajectory import Trajectory
 from posttrain.rollout.replay_buffer import RolloutGroup
-from posttrain.rollout.rollout import Trajectory
 from posttrain.trainers.grpo_async import age_metrics, exactly_on_policy
 
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from posttrain.config.schema import episode_token_budget
+from posttrain.data.trajectory import EpisodeLimits, Trajectory
 from posttrain.generation.sampling import SamplingParams
 from posttrain.rollout.continuous import turn_budget
-from posttrain.rollout.rollout import EpisodeLimits, RLBatch, Rollouts, Trajectory
+from posttrain.rollout.rollout import RLBatch, Rollouts
 from posttrain.trainers.grpo import GRPOTrainer
 
 

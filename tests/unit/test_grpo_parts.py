@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from posttrain.config.schema import AdvantageConfig, GRPOConfig, LossConfig
-from posttrain.rollout.rollout import RLBatch, Rollouts, Trajectory
+from posttrain.data.trajectory import Trajectory
+from posttrain.rollout.rollout import RLBatch, Rollouts
 from posttrain.trainers.grpo import GRPOTrainer, collect_groups, grpo_loss, loss_knobs, rl_advantages
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from posttrain.data.trajectory import Trajectory
 from posttrain.rollout.replay_buffer import ReplayBuffer, RolloutGroup
-from posttrain.rollout.rollout import Trajectory
 
 
 def _group(version: int, batch: int, gid: int = 0) -> RolloutGroup:

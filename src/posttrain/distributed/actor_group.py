@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -61,6 +63,13 @@ class ActorGroup(PolicyGroup):
         return generate_on(
             self.workers, ActorPolicy.generate, prompt_ids, params, batch_size, every_rank=self.collective
         )
+
+    def num_samplers(self) -> int:
+        return len(self.workers)
+
+    def run_on_samplers(self, fn: Callable[..., Any], args: Sequence[tuple]) -> list[Any]:
+        """`SamplerHost`: `fn(sampler, tokenizer, *args[k])` on rank k (`Sampling.run_with_model`)."""
+        return self.workers.run(ActorPolicy.run_with_model, [(fn, *a) for a in args])
 
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         return self.run_chunked(ActorPolicy.reference_logprobs, batch)
@@ -130,6 +139,13 @@ class GenerationGroup:
         self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
     ) -> GenerationOutput:
         return generate_on(self.workers, GenerationWorker.generate, prompt_ids, params, batch_size)
+
+    def num_samplers(self) -> int:
+        return len(self.workers)
+
+    def run_on_samplers(self, fn: Callable[..., Any], args: Sequence[tuple]) -> list[Any]:
+        """`SamplerHost`: `fn(sampler, tokenizer, *args[k])` on generation worker k."""
+        return self.workers.run(GenerationWorker.run_with_model, [(fn, *a) for a in args])
 
     @staticmethod
     def wire_dtype_of(cfg: GenerationConfig, policy_cfg: PolicyConfig) -> torch.dtype | None:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.generation.sampling import SamplingParams
-from posttrain.rollout.rollout import Generates, turn_seed
+from posttrain.generation.interface import Generates
+from posttrain.generation.sampling import SamplingParams, turn_seed
 
 
 @dataclass

@@ -27,17 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.data.tokenize import observation_ids
-from posttrain.environments.interface import EpisodeStart, Message
-from posttrain.rollout.rollout import (
+from posttrain.data.trajectory import (
     EpisodeLimits,
     Trajectory,
     append_observation,
     cut_observation,
     episode_room,
-    prompt_ids_of,
     record_turn,
-    tools_for_template,
 )
+from posttrain.environments.interface import EpisodeStart, Message
+from posttrain.environments.tools import prompt_ids_of, tools_for_template
 
 
 class HistoryEdited(ValueError):

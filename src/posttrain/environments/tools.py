@@ -21,12 +21,14 @@ Hermes / Qwen format, `tool` role results, and a base environment that runs them
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.data.tokenize import encode_prompt
 from posttrain.environments.interface import EnvStepResult, EpisodeStart, Message, last_assistant_content
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -260,6 +262,20 @@ def template_supports_tools(tokenizer: Any) -> bool:
     except Exception:
         return False
     return plain != with_tools
+
+
+def tools_for_template(tokenizer: Any, start: EpisodeStart) -> EpisodeStart:
+    """The start as the chat template can show it: tools offered to a template that ignores `tools=`
+    (SmolLM2's) are written into the system message instead (`with_tools_in_system_prompt`)."""
+    if not start.tools or template_supports_tools(tokenizer):
+        return start
+    messages = with_tools_in_system_prompt(start.messages, start.tools)
+    return dataclasses.replace(start, messages=messages, tools=None)
+
+
+def prompt_ids_of(tokenizer: Any, start: EpisodeStart) -> list[int]:
+    """The prompt's token ids: the first messages (and tools) under the chat template."""
+    return encode_prompt(tokenizer, start.messages, tools=start.tools)
 
 
 _THINK_TAG = re.compile(r"</?think>", re.IGNORECASE)

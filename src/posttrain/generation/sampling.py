@@ -9,7 +9,7 @@ so the two can be compared token for token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -75,6 +75,12 @@ def sampling_seed(base: int, stream: int, index: int) -> int:
     return (base << 32) | (low & _MASK32)
 
 
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed turn `turn` (from 0) of a rollout seeded with `seed` samples with: every turn has one of
+    its own, the first turn's is the rollout's."""
+    return seed + turn * 1_000_003
+
+
 @dataclass
 class GenerationOutput:
     """Per sequence: generated token ids (ending with EOS or a stop string unless truncated), their
@@ -91,10 +97,6 @@ class GenerationOutput:
         self.logprobs += other.logprobs
         self.truncated += other.truncated
         self.versions += other.versions
-
-
-class Generator(Protocol):
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput: ...
 
 
 def finished_length(

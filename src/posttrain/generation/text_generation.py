@@ -7,6 +7,7 @@ the code GRPO rollouts use, behind the same `generate(prompt_ids, params, batch_
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,7 +26,8 @@ def pick_eval_device(device: str) -> torch.device:
 
 class LocalGenerator:
     """A model loaded in this process for `generate(prompt_ids, params, batch_size)`, the interface
-    rollouts use: transformers with posttrain's sampler (`hf`) or a vLLM engine (`vllm`)."""
+    rollouts use: transformers with posttrain's sampler (`hf`) or a vLLM engine (`vllm`). A
+    `posttrain.generation.interface.SamplerHost` with one sampler: that model or engine."""
 
     def __init__(
         self,
@@ -67,3 +69,11 @@ class LocalGenerator:
         if self.backend == "hf":
             return hf_generate(self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size)
         return self.engine.generate(prompt_ids, params)
+
+    def num_samplers(self) -> int:
+        return 1
+
+    def run_on_samplers(self, fn: Callable[..., Any], args: Sequence[tuple]) -> list[Any]:
+        """`fn(model or engine, tokenizer, *args[0])`: the one sampler is in this process."""
+        sampler = self.model if self.backend == "hf" else self.engine
+        return [fn(sampler, self.tokenizer, *a) for a in args]

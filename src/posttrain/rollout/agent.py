@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config.agent import AgentConfig
+from posttrain.data.trajectory import EpisodeLimits, Trajectory
 from posttrain.endpoint.app import AgentEndpoint, Session
 from posttrain.endpoint.batching import GenerationQueue
 from posttrain.endpoint.parsers import get_tool_call_parser
@@ -40,9 +41,10 @@ from posttrain.endpoint.recorder import EpisodeRecorder
 from posttrain.endpoint.server import EndpointServer
 from posttrain.environments.interface import EnvStepResult
 from posttrain.environments.tools import template_supports_tools
+from posttrain.generation.interface import Generates
 from posttrain.generation.sampling import SamplingParams
 from posttrain.logging.timer import Timer
-from posttrain.rollout.rollout import EpisodeLimits, Generates, Rollouts, Steps, Trajectory, episode_metrics
+from posttrain.rollout.rollout import Rollouts, Steps, episode_metrics
 
 AgentFunction = Callable[[str, str, dict[str, Any]], Any]
 

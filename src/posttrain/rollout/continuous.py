@@ -29,7 +29,7 @@ request finished is stepped by its environment and submits its next turn at once
 requests stay in the engine's running batch. Each turn keeps the token ids and logprobs vLLM sampled.
 
 The loop runs where the model is: in each generation (or colocated policy) worker, on that worker's
-share of the episodes (whole groups), calling the environment itself (`run_with_model`).
+share of the episodes (whole groups), calling the environment itself (`SamplerHost.run_on_samplers`).
 """
 
 from __future__ import annotations
@@ -39,18 +39,13 @@ from typing import Any
 
 import torch
 
+from posttrain.data.trajectory import EpisodeLimits, Trajectory, episode_room, record_turn
 from posttrain.environments.interface import EnvStepResult
 from posttrain.generation.continuous import ContinuousDecoder
-from posttrain.generation.sampling import SamplingParams, _eos_ids, sampling_seed
+from posttrain.generation.interface import SamplerHost
+from posttrain.generation.sampling import SamplingParams, _eos_ids, sampling_seed, turn_seed
 from posttrain.rollout.env_calls import EnvironmentCalls, concurrency_bound
-from posttrain.rollout.rollout import (
-    EpisodeLimits,
-    Trajectory,
-    apply_step,
-    episode_room,
-    record_turn,
-    turn_seed,
-)
+from posttrain.rollout.episode import apply_step
 
 
 def episode_loop(
@@ -338,32 +333,24 @@ def split_by_group(trajectories: list[Trajectory], n: int) -> list[list[int]]:
 
 
 def run_continuous(
-    generator: Any,
+    generator: SamplerHost,
     trajectories: list[Trajectory],
     environment: Any,
-    tokenizer: Any,
     params: SamplingParams,
     batch_size: int,
     limits: EpisodeLimits,
 ) -> tuple[list[Trajectory], list[EnvStepResult]]:
-    """`run_episodes` on every generation worker of `generator` (its `workers`, each with a share of
-    whole groups and a seed stream of its own), or on the model or vLLM engine held in this process
-    (`generator.model` / `generator.engine`)."""
-    workers = getattr(generator, "workers", None)
-    if workers is None:
-        engine = getattr(generator, "engine", None)
-        sampler = generator.model if engine is None else engine
-        return run_episodes(sampler, tokenizer, trajectories, environment, params, batch_size, limits, 0)
-    from posttrain.generation.worker import Sampling
-
-    pieces = split_by_group(trajectories, len(workers))
+    """`run_episodes` beside every sampler of `generator` (`SamplerHost.run_on_samplers`: each
+    generation worker's, or the one model or vLLM engine held in this process, with the generator's
+    tokenizer), each with a share of whole groups and seed stream k of its own."""
+    pieces = split_by_group(trajectories, generator.num_samplers())
     args = [
-        (run_episodes, [trajectories[i] for i in piece], environment, params, batch_size, limits, k)
+        ([trajectories[i] for i in piece], environment, params, batch_size, limits, k)
         for k, piece in enumerate(pieces)
     ]
     done: list[Trajectory] = []
     results: list[EnvStepResult] = []
-    for part, part_results in workers.run(Sampling.run_with_model, args):
+    for part, part_results in generator.run_on_samplers(run_episodes, args):
         done += part
         results += part_results
     return done, results

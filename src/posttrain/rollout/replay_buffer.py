@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.rollout.rollout import Trajectory
+from posttrain.data.trajectory import Trajectory
 
 
 @dataclass

@@ -8,95 +8,38 @@ environment answers, its observation's tokens from the chat template (loss mask 
 `posttrain.data.tokenize.observation_ids`: the generated tokens are never re-rendered). An
 observation longer than `max_observation_tokens` is cut in the middle; an episode that would
 exceed `max_seq_len` ends truncated. The episode's reward is the sum of its turns' rewards.
+
+The trajectory and the functions that grow it live in `posttrain.data.trajectory`, the episode's start
+and step in `posttrain.rollout.episode`; this module runs the turns and collates the results.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from posttrain.data.batching import TokenBatch
-from posttrain.data.tokenize import Message, encode_prompt, observation_ids
-from posttrain.environments.interface import EnvStepResult, EpisodeStart, observation_messages, task_start
-from posttrain.environments.tools import template_supports_tools, with_tools_in_system_prompt
-from posttrain.generation.sampling import GenerationOutput, SamplingParams
-from posttrain.logging.progress import Phase, phase, report
+from posttrain.data.tokenize import Message
+from posttrain.data.trajectory import EpisodeLimits, Trajectory, record_turn
+from posttrain.environments.interface import EnvStepResult
+from posttrain.environments.tools import prompt_ids_of, tools_for_template
+from posttrain.generation.interface import Generates
+from posttrain.generation.sampling import SamplingParams, turn_seed
+from posttrain.logging.progress import Phase, phase
 from posttrain.logging.timer import Timer
-
-
-class Generates(Protocol):
-    def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, batch_size: int
-    ) -> GenerationOutput: ...
+from posttrain.rollout.continuous import run_continuous
+from posttrain.rollout.episode import apply_step, new_trajectories, start_episodes
 
 
 class Steps(Protocol):
     def step(self, message_logs: list[list[Message]], metadata: list[dict]) -> EnvStepResult: ...
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]: ...
-
-
-@dataclass
-class Trajectory:
-    """One episode as one token sequence, with who wrote each token and what each turn earned.
-
-    input_ids / loss_mask / generation_logprobs: [T] each; loss_mask 1 on generated tokens.
-    turn_spans: per turn, the [start, end) positions of its generated tokens in input_ids.
-    turn_rewards: per turn, the environment's reward; `reward` is their sum.
-    reward_components: the episode's named reward parts (`EnvStepResult.reward_components`), each
-        summed over its turns; {} when the environment names none.
-    turn_invalid_tool_call / turn_malformed_thinking: per turn, the environment's flags of its
-        assistant message (`EnvStepResult.invalid_tool_call` / `malformed_thinking`).
-    observation_tokens: tokens the environment's observations (and their template) added.
-    scored: False when the environment could not score the episode: left out of the loss.
-    stop_reason: "done" (the environment ended it), "max_turns", or "truncated" (max_new_tokens
-        or max_seq_len reached).
-    policy_version: the version of the policy weights that generated it (the number of policy updates
-        before them); None when unknown (then it is never treated as exactly on-policy). With partial
-        rollouts, the oldest version that sampled any of its tokens.
-    token_versions: partial rollouts: the version of the weights that sampled each generated token
-        (in order of the loss_mask-1 positions); empty otherwise.
-    """
-
-    input_ids: list[int]
-    loss_mask: list[int]
-    generation_logprobs: list[float]
-    messages: list[Message]
-    metadata: dict[str, Any]
-    group_id: int
-    reward: float = 0.0
-    truncated: bool = False
-    done: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
-    turn_spans: list[tuple[int, int]] = field(default_factory=list)
-    turn_rewards: list[float] = field(default_factory=list)
-    reward_components: dict[str, float] = field(default_factory=dict)
-    turn_invalid_tool_call: list[bool] = field(default_factory=list)
-    turn_malformed_thinking: list[bool] = field(default_factory=list)
-    observation_tokens: int = 0
-    scored: bool = True
-    stop_reason: str = ""
-    stop_strings: tuple[str, ...] = ()
-    response_prefix: str = ""
-    prefix_ids: list[int] = field(default_factory=list)
-    num_prompt_messages: int = 0
-    policy_version: int | None = None
-    token_versions: list[int] = field(default_factory=list)
-
-    @property
-    def response_length(self) -> int:
-        return sum(self.loss_mask)
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.turn_spans)
 
 
 @dataclass
@@ -158,119 +101,6 @@ class RLBatch(TokenBatch):
     rewards: torch.Tensor | None = None
 
 
-def start_episodes(environment: Any, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
-    """The environment's `reset` when it has one, else each task's own messages (`task_start`)."""
-    reset = getattr(environment, "reset", None)
-    if reset is None:
-        return [task_start(task) for task in tasks]
-    starts = reset(tasks, seeds)
-    if len(starts) != len(tasks):
-        raise ValueError(f"environment reset returned {len(starts)} episode starts for {len(tasks)} tasks")
-    return starts
-
-
-def tools_for_template(tokenizer: Any, start: EpisodeStart) -> EpisodeStart:
-    """The start as the chat template can show it: tools offered to a template that ignores `tools=`
-    (SmolLM2's) are written into the system message instead (`with_tools_in_system_prompt`)."""
-    if not start.tools or template_supports_tools(tokenizer):
-        return start
-    messages = with_tools_in_system_prompt(start.messages, start.tools)
-    return dataclasses.replace(start, messages=messages, tools=None)
-
-
-def prompt_ids_of(tokenizer: Any, start: EpisodeStart) -> list[int]:
-    """The prompt's token ids: the first messages (and tools) under the chat template."""
-    return encode_prompt(tokenizer, start.messages, tools=start.tools)
-
-
-def _content_ids(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def _cut_marker(tokenizer: Any, cut: int, max_tokens: int) -> str:
-    """The most telling marker of a cut that fits in `max_tokens` tokens: "[... n tokens cut ...]",
-    "[...]", "…", or none."""
-    for marker in (f"\n[... {cut} tokens cut ...]\n", "\n[...]\n", "…"):
-        if len(_content_ids(tokenizer, marker)) <= max_tokens:
-            return marker
-    return ""
-
-
-def cut_middle(tokenizer: Any, message: Message, max_tokens: int | None) -> Message:
-    """`message` with its content cut to at most `max_tokens` tokens, the cut's marker included:
-    the start and the end are kept around a marker ("[... n tokens cut ...]", shorter where that
-    does not fit). Holds: the returned content encodes (no special tokens) to <= max_tokens ids."""
-    if max_tokens is None:
-        return message
-    ids = _content_ids(tokenizer, message.get("content") or "")
-    if len(ids) <= max_tokens:
-        return message
-    marker = _cut_marker(tokenizer, len(ids) - max_tokens, max_tokens)
-    keep = max_tokens - len(_content_ids(tokenizer, marker))
-    while True:  # decode + re-encode may merge tokens differently at the seams: shrink until it fits
-        head, tail = ids[: keep // 2], ids[len(ids) - (keep - keep // 2) :] if keep else []
-        marker = _cut_marker(tokenizer, len(ids) - keep, max_tokens) if marker else ""
-        content = tokenizer.decode(head) + marker + tokenizer.decode(tail)
-        if keep <= 0 or len(_content_ids(tokenizer, content)) <= max_tokens:
-            return {**message, "content": content}
-        keep -= 1
-
-
-def cut_observation(tokenizer: Any, messages: list[Message], max_tokens: int | None) -> list[Message]:
-    """An observation's messages with their contents cut (`cut_middle`) so that together they have
-    at most `max_tokens` content tokens, markers included (the chat template's own tokens are not
-    counted). Messages that fit in an even share of what the shorter ones leave are kept whole; the
-    longer ones share the rest equally."""
-    if max_tokens is None:
-        return messages
-    sizes = [len(_content_ids(tokenizer, m.get("content") or "")) for m in messages]
-    if sum(sizes) <= max_tokens:
-        return messages
-    shares, left, open_ = dict.fromkeys(range(len(messages)), 0), max_tokens, len(messages)
-    for i in sorted(range(len(messages)), key=lambda i: sizes[i]):
-        shares[i] = min(sizes[i], left // open_)
-        left, open_ = left - shares[i], open_ - 1
-    return [
-        m if sizes[i] <= shares[i] else cut_middle(tokenizer, m, shares[i]) for i, m in enumerate(messages)
-    ]
-
-
-def new_trajectories(
-    starts: list[EpisodeStart],
-    prompts: list[list[int]],
-    *,
-    generations_per_prompt: int,
-    first_group_id: int,
-    tokenizer: Any = None,
-) -> list[Trajectory]:
-    """G trajectories per episode start, each with its own copy of the start's state; the prompt
-    ends with the start's response prefix (if any), so generation continues after it."""
-    out = []
-    for i, (start, prompt) in enumerate(zip(starts, prompts, strict=True)):
-        prefix = (
-            list(tokenizer(start.response_prefix, add_special_tokens=False)["input_ids"])
-            if start.response_prefix
-            else []
-        )
-        ids = list(prompt) + prefix
-        for _ in range(generations_per_prompt):
-            out.append(
-                Trajectory(
-                    input_ids=list(ids),
-                    loss_mask=[0] * len(ids),
-                    generation_logprobs=[0.0] * len(ids),
-                    messages=copy.deepcopy(start.messages),
-                    metadata=copy.deepcopy(start.metadata),
-                    group_id=first_group_id + i,
-                    stop_strings=tuple(start.stop_strings),
-                    response_prefix=start.response_prefix,
-                    prefix_ids=prefix,
-                    num_prompt_messages=len(start.messages),
-                )
-            )
-    return out
-
-
 def generate_turn(
     generator: Generates, active: list[Trajectory], params: SamplingParams, batch_size: int
 ) -> list[tuple[list[int], list[float], bool, list[int]]]:
@@ -293,122 +123,6 @@ def generate_turn(
         for i, ids, lps, truncated, row_versions in rows:
             results[i] = (ids, lps, truncated, row_versions)
     return results
-
-
-def append_generated(
-    t: Trajectory,
-    ids: list[int],
-    lps: list[float],
-    truncated: bool,
-    max_seq_len: int,
-    versions: list[int] | None = None,
-    max_episode_tokens: int | None = None,
-) -> list[int]:
-    """Add one turn's generated tokens (cut at max_seq_len and at the episode token budget
-    `max_episode_tokens`; `versions`: of the weights that sampled each, partial rollouts) and the
-    assistant message; returns the ids kept."""
-    room = min(max_seq_len - len(t.input_ids), episode_room(t, max_episode_tokens))
-    t.truncated = truncated or len(ids) > room
-    ids, lps = ids[:room], lps[:room]
-    if versions:
-        t.token_versions += versions[:room]
-    t.turn_spans.append((len(t.input_ids), len(t.input_ids) + len(ids)))
-    t.input_ids += ids
-    t.loss_mask += [1] * len(ids)
-    t.generation_logprobs += lps
-    return ids
-
-
-def append_observation(t: Trajectory, extra: list[int], observation: list[Message], max_seq_len: int) -> bool:
-    """Add an observation's messages and tokens (loss mask 0); False (and the episode ends
-    truncated) when they would leave no room for the next turn."""
-    t.messages.extend(observation)
-    if len(t.input_ids) + len(extra) >= max_seq_len:
-        t.done, t.truncated, t.stop_reason = True, True, "truncated"
-        return False
-    t.input_ids += extra
-    t.loss_mask += [0] * len(extra)
-    t.generation_logprobs += [0.0] * len(extra)
-    t.observation_tokens += len(extra)
-    return True
-
-
-def episode_room(t: Trajectory, max_episode_tokens: int | None) -> int:
-    """How many more tokens t may generate under the episode token budget (unbounded: None)."""
-    if max_episode_tokens is None:
-        return sys.maxsize
-    return max(max_episode_tokens - t.response_length, 0)
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """What bounds an episode: turns, the whole sequence's tokens, one observation's tokens, and the
-    tokens generated over all its turns (the episode token budget; None: no bound beyond the turns)."""
-
-    max_turns: int
-    max_seq_len: int
-    max_observation_tokens: int | None = None
-    max_episode_tokens: int | None = None
-
-
-def turn_seed(seed: int, turn: int) -> int:
-    """The seed turn `turn` (from 0) of a rollout seeded with `seed` samples with: every turn has one of
-    its own, the first turn's is the rollout's."""
-    return seed + turn * 1_000_003
-
-
-def record_turn(
-    t: Trajectory,
-    ids: list[int],
-    lps: list[float],
-    truncated: bool,
-    tokenizer: Any,
-    max_seq_len: int,
-    versions: list[int] | None = None,
-    max_episode_tokens: int | None = None,
-) -> list[int]:
-    """Append a generated turn (tokens as generated, cut at max_seq_len and the episode token budget)
-    and its assistant message; returns the token ids kept."""
-    ids = append_generated(t, ids, lps, truncated, max_seq_len, versions, max_episode_tokens)
-    text = t.response_prefix + tokenizer.decode(ids, skip_special_tokens=True)
-    t.messages.append({"role": "assistant", "content": text})
-    return ids
-
-
-def apply_step(
-    t: Trajectory, result: EnvStepResult, j: int, turn_ids: list[int], tokenizer: Any, limits: EpisodeLimits
-) -> None:
-    """Take sample j of an environment step into trajectory t: reward, state, and either the end of
-    the episode (done, truncated, or out of turns) or the observation's tokens for the next turn."""
-    t.reward += result.rewards[j]
-    t.turn_rewards.append(result.rewards[j])
-    for name, value in result.reward_components[j].items():
-        t.reward_components[name] = t.reward_components.get(name, 0.0) + float(value)
-    t.turn_invalid_tool_call.append(bool(result.invalid_tool_call[j]))
-    t.turn_malformed_thinking.append(bool(result.malformed_thinking[j]))
-    t.metadata = result.metadata[j]
-    t.info = result.info[j] if result.info else {}
-    t.scored = t.scored and result.scored[j]
-    t.stop_strings = result.stop_strings[j] if result.stop_strings[j] is not None else t.stop_strings
-    if result.response_prefixes[j] is not None:
-        t.response_prefix = result.response_prefixes[j]
-        t.prefix_ids = (
-            list(tokenizer(t.response_prefix, add_special_tokens=False)["input_ids"])
-            if t.response_prefix
-            else []
-        )
-    observation = result.observations[j]
-    env_done = result.done[j] or observation is None
-    full = len(t.input_ids) >= limits.max_seq_len or episode_room(t, limits.max_episode_tokens) == 0
-    t.done = env_done or full or t.num_turns >= limits.max_turns
-    if t.done:
-        t.stop_reason = "done" if env_done else "truncated" if full else "max_turns"
-        report("episode")  # wherever the episode ran (a worker too), the console's bar advances
-        return
-    messages = cut_observation(tokenizer, observation_messages(observation), limits.max_observation_tokens)
-    extra = observation_ids(tokenizer, turn_ids, messages) + t.prefix_ids
-    if append_observation(t, extra, messages, limits.max_seq_len):
-        t.truncated = False  # the turn cut at max_new_tokens is over; the episode goes on
 
 
 def run_rollouts(
@@ -465,11 +179,9 @@ def run_rollouts(
     shown = phase(progress, total=len(trajectories), counts=counts) if progress else None
     with shown or contextlib.nullcontext(Phase()) as bar:
         if not turn_barrier and max_turns > 1:
-            from posttrain.rollout.continuous import run_continuous
-
             with timer("generation"):
                 trajectories, results = run_continuous(
-                    generator, trajectories, environment, tokenizer, params, batch_size, limits
+                    generator, trajectories, environment, params, batch_size, limits
                 )
         else:
             results = turn_by_turn(
