@@ -5,12 +5,12 @@ import functools
 import pytest
 import torch
 
+from posttrain.algorithms.rl_loss import grpo_loss, positive_tokens
 from posttrain.config.schema import GRPOConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
-from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.generation.sampling import SamplingParams
-from posttrain.rollout.rollout import build_rl_batch
-from posttrain.trainers.grpo import grpo_loss, positive_tokens, run_grpo
+from posttrain.rollout.rollout import Trajectory, build_rl_batch
+from posttrain.trainers.grpo import run_grpo
 
 
 def _policy(tiny_model_dir, micro=8, **kw) -> ActorPolicy:

@@ -12,6 +12,7 @@ import functools
 
 import torch
 
+from posttrain.algorithms.rl_loss import grpo_loss
 from posttrain.config.schema import (
     DatasetConfig,
     OptimizerConfig,
@@ -23,12 +24,10 @@ from posttrain.data.math import read_answer
 from posttrain.data.sources import load_rows
 from posttrain.data.tasks import build_tasks, tasks_within
 from posttrain.data.tokenize import encode_prompt
-from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.generation.sampling import SamplingParams
-from posttrain.rollout.rollout import build_rl_batch, run_rollouts
-from posttrain.trainers.grpo import grpo_loss
+from posttrain.rollout.rollout import Trajectory, build_rl_batch, run_rollouts
 
 SYSTEM = "Put the final answer in \\boxed{}."
 DATA = DatasetConfig(

@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from posttrain.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
     clip_advantages,
-    compute_advantages,
     dr_grpo_advantages,
     group_range,
     group_statistics,
@@ -19,6 +17,13 @@ from posttrain.algorithms.advantages import (
     scale_rewards,
     trainable_samples,
 )
+from posttrain.algorithms.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    advantage_estimator,
+    estimate_advantages,
+)
+from posttrain.config.schema import AdvantageConfig
 
 
 def _close(actual: torch.Tensor, expected: list[float], tol: float = 1e-5) -> None:
@@ -232,7 +237,7 @@ def test_vectorised_matches_per_group_loop(name):
     elif name == "grpo_loo_std":
         got = grpo_advantages(rewards, groups, leave_one_out=True, leave_one_out_std=True)
     else:
-        got = compute_advantages(name, rewards, groups)
+        got = advantage_estimator(name)(AdvantageInputs(rewards, groups), AdvantageConfig(estimator=name))
     if name == "grpo_loo_std":
         expected = _nemo_rl_baseline_and_std(rewards.tolist(), groups.tolist())
     else:
@@ -241,10 +246,10 @@ def test_vectorised_matches_per_group_loop(name):
 
 
 def test_registry_and_unknown_name():
-    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gdpo"}
-    _close(compute_advantages("grpo", R3, ONE_GROUP, eps=0.0), [1.0, -1.0, 0.0])
+    assert set(ADVANTAGE_ESTIMATORS) == GROUP_REWARD_NAMES | {"on_policy_distill", "gae", "raw_reward"}
+    _close(estimate_advantages(AdvantageConfig(), AdvantageInputs(R3, ONE_GROUP)), [1.0, -1.0, 0.0])
     with pytest.raises(ValueError, match="Did you mean 'rloo'"):
-        compute_advantages("rlo", R3, ONE_GROUP)
+        advantage_estimator("rlo")
 
 
 def test_shape_errors():
@@ -315,19 +320,27 @@ UNSCORED_R = torch.tensor([0.8, 0.9, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
 UNSCORED_G = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
 UNSCORED_S = torch.tensor([True, True, False, False, True, False, False, False])
 STD_089 = math.sqrt(0.005)
+# (estimator, its knobs, more inputs, the first sample's advantage)
 UNSCORED_CASES = [
-    ("grpo", {}, -0.05 / (STD_089 + 1e-6)),  # -0.7070968
-    ("grpo", {"leave_one_out": True}, -0.1 / (STD_089 + 1e-6)),  # 0.8 - 0.9 over the std
-    ("grpo", {"leave_one_out": True, "leave_one_out_std": True}, -0.1),  # G = 2: undivided
-    ("grpo", {"normalize_std": False}, -0.05),
-    ("dr_grpo", {}, -0.05),
-    ("rloo", {}, -0.1),
-    ("reinforce_pp", {}, -0.05 / (STD_089 + 1e-6)),  # batch of the two trainable samples
-    ("reinforce_pp", {"group_baseline": True}, -0.05 / (STD_089 + 1e-6)),
+    ("grpo", {}, {}, -0.05 / (STD_089 + 1e-6)),  # -0.7070968
+    ("grpo", {"leave_one_out": True}, {}, -0.1 / (STD_089 + 1e-6)),  # 0.8 - 0.9 over the std
+    ("grpo", {"leave_one_out": True, "leave_one_out_std": True}, {}, -0.1),  # G = 2: undivided
+    ("grpo", {"normalize_std": False}, {}, -0.05),
+    ("dr_grpo", {}, {}, -0.05),
+    ("rloo", {}, {}, -0.1),
+    ("reinforce_pp", {}, {}, -0.05 / (STD_089 + 1e-6)),  # batch of the two trainable samples
+    ("reinforce_pp", {"minus_baseline": True}, {}, -0.05 / (STD_089 + 1e-6)),
     # components 0.8 / 0.9 and 0 / 1 in group 0: A = [-x - y, x + y] (x, y the two grpo values),
     # batch-normalised over the two trainable samples: mean 0, Bessel std sqrt(2) (x + y)
-    ("gdpo", {"components": torch.stack([UNSCORED_R, torch.eye(8)[1]], dim=1)}, -1 / math.sqrt(2)),
+    (
+        "gdpo",
+        {},
+        {"components": torch.stack([UNSCORED_R, torch.eye(8)[1]], dim=1), "component_names": ("a", "b")},
+        -1 / math.sqrt(2),
+    ),
 ]
+GROUP_REWARD_NAMES = {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gdpo"}
+"""The registered estimators of group rewards (the others: the teacher's term and PPO's two)."""
 
 
 def test_trainable_samples_are_scored_in_groups_with_two_scored():
@@ -344,24 +357,26 @@ def test_trainable_samples_are_scored_in_groups_with_two_scored():
 def test_without_scored_the_unscored_zeros_set_the_baseline():
     # the behaviour the scored mask fixes: the issue's +0.76 / +0.96
     r, g = UNSCORED_R[:4], UNSCORED_G[:4]
-    _close(compute_advantages("grpo", r, g)[:2], [0.375 / math.sqrt(0.2425), 0.475 / math.sqrt(0.2425)])
+    _close(grpo_advantages(r, g)[:2], [0.375 / math.sqrt(0.2425), 0.475 / math.sqrt(0.2425)])
 
 
-@pytest.mark.parametrize("name, kwargs, first", UNSCORED_CASES)
-def test_unscored_samples_are_out_of_every_estimator(name, kwargs, first):
-    out = compute_advantages(name, UNSCORED_R, UNSCORED_G, scored=UNSCORED_S, **kwargs)
+@pytest.mark.parametrize("name, knobs, inputs, first", UNSCORED_CASES)
+def test_unscored_samples_are_out_of_every_estimator(name, knobs, inputs, first):
+    cfg = AdvantageConfig(estimator=name, **knobs)
+    out = estimate_advantages(cfg, AdvantageInputs(UNSCORED_R, UNSCORED_G, scored=UNSCORED_S, **inputs))
     assert out.dtype == torch.float32
     _close(out, [first, -first] + [0.0] * 6, tol=1e-6)
     # all scored: exactly the estimator's own result
     everyone = torch.ones(8, dtype=torch.bool)
     assert torch.equal(
-        compute_advantages(name, UNSCORED_R, UNSCORED_G, scored=everyone, **kwargs),
-        compute_advantages(name, UNSCORED_R, UNSCORED_G, **kwargs),
+        estimate_advantages(cfg, AdvantageInputs(UNSCORED_R, UNSCORED_G, scored=everyone, **inputs)),
+        estimate_advantages(cfg, AdvantageInputs(UNSCORED_R, UNSCORED_G, **inputs)),
     )
 
 
 def test_unscored_cases_cover_the_registry():
-    assert {name for name, _, _ in UNSCORED_CASES} == set(ADVANTAGE_ESTIMATORS)
+    assert {name for name, *_ in UNSCORED_CASES} == GROUP_REWARD_NAMES
+    assert GROUP_REWARD_NAMES < set(ADVANTAGE_ESTIMATORS)
 
 
 def test_unscored_samples_with_a_per_token_kl_reward():
@@ -369,9 +384,8 @@ def test_unscored_samples_with_a_per_token_kl_reward():
     # KL 0: per-token returns are the centred rewards -/+0.05 on 2 tokens each; over those 4 tokens
     # mean 0, Bessel std sqrt(4 * 0.05^2 / 3) = 0.0577350 -> -/+0.05 / 0.0577350 = -/+0.8660
     kl, mask = torch.zeros(8, 2), torch.ones(8, 2)
-    out = compute_advantages(
-        "reinforce_pp", UNSCORED_R, UNSCORED_G, scored=UNSCORED_S, kl=kl, mask=mask, kl_beta=0.1
-    )
+    inputs = AdvantageInputs(UNSCORED_R, UNSCORED_G, scored=UNSCORED_S, kl=kl, mask=mask, kl_beta=0.1)
+    out = estimate_advantages(AdvantageConfig(estimator="reinforce_pp"), inputs)
     a = 0.05 / (math.sqrt(4 * 0.05**2 / 3) + 1e-6)
     assert out.shape == (8, 2)
     _close(out.flatten(), [-a, -a, a, a] + [0.0] * 12, tol=1e-6)
@@ -379,6 +393,7 @@ def test_unscored_samples_with_a_per_token_kl_reward():
 
 def test_nothing_trainable_gives_zeros():
     scored = torch.tensor([True, False, False, False, False, False, False, True])
-    for name in ADVANTAGE_ESTIMATORS:
-        out = compute_advantages(name, UNSCORED_R, UNSCORED_G, scored=scored)
+    for name, knobs, inputs, _ in UNSCORED_CASES:
+        cfg = AdvantageConfig(estimator=name, **knobs)
+        out = estimate_advantages(cfg, AdvantageInputs(UNSCORED_R, UNSCORED_G, scored=scored, **inputs))
         assert out.tolist() == [0.0] * 8

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from posttrain.algorithms.importance import importance_weights
 from posttrain.algorithms.metrics import importance_ratio_stats
-from posttrain.algorithms.policy_loss import importance_weights
-from posttrain.data.trajectory import Trajectory
 from posttrain.rollout.replay_buffer import RolloutGroup
+from posttrain.rollout.rollout import Trajectory
 from posttrain.trainers.grpo_async import age_metrics, exactly_on_policy
 
 
@@ -167,7 +167,7 @@ def test_mismatch_and_staleness_hand_worked():
 
 
 def test_async_step_reports_engine_mismatch_on_fresh_rows_and_staleness_apart():
-    from posttrain.trainers.grpo import grpo_loss
+    from posttrain.algorithms.rl_loss import grpo_loss
     from posttrain.trainers.grpo_async import logprob_gap_metrics
 
     b = _gap_batch()

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from posttrain.algorithms.distillation import (
-    DISTILLATION_ADVANTAGES,
     DISTILLATION_LOSSES,
     distillation_loss,
     log1mexp,
@@ -348,7 +347,7 @@ def test_on_policy_distill_advantages_by_hand():
     adv = on_policy_distill_advantages(teacher, student, mask)
     torch.testing.assert_close(adv, torch.tensor([[0.0, 1.0, -0.5, 0.0]], dtype=F64))
     assert not adv.requires_grad  # a stop-gradient signal
-    mixed = DISTILLATION_ADVANTAGES["on_policy_distill"](
+    mixed = on_policy_distill_advantages(
         teacher, student, mask, advantages=torch.tensor([2.0]), coefficient=0.5
     )
     torch.testing.assert_close(mixed, torch.tensor([[0.0, 2.5, 1.75, 0.0]], dtype=F64))

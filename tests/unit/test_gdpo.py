@@ -4,17 +4,22 @@ trainer, and the math_format environment's red-team set."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from posttrain.algorithms.advantages import compute_advantages, gdpo_advantages, grpo_advantages
+from posttrain.algorithms.advantages import gdpo_advantages, grpo_advantages
+from posttrain.algorithms.estimators import (
+    AdvantageInputs,
+    estimate_advantages,
+    gdpo_weights,
+    on_trainable_rows,
+)
 from posttrain.config.schema import AdvantageConfig, GRPOConfig
-from posttrain.data.trajectory import Trajectory
 from posttrain.environments.interface import EnvStepResult
-from posttrain.rollout.rollout import Rollouts
-from posttrain.trainers.grpo import gdpo_weights, rl_advantages
+from posttrain.rollout.rollout import Rollouts, Trajectory
 
 ONE_GROUP = torch.zeros(3, dtype=torch.long)
 
@@ -79,28 +84,31 @@ def test_gdpo_boundary_cases():
     assert got == pytest.approx([math.sqrt(1.5), -math.sqrt(1.5), 0.0, 0.0], rel=1e-12)
     # a batch of one sample: 0
     assert _gdpo([[1.0], [0.5]], groups=torch.zeros(1, dtype=torch.long)) == [0.0]
-    # unscored samples, and groups left with < 2 scored, are out of every statistic (compute_advantages)
+    # unscored samples, and groups left with < 2 scored, are out of every statistic (on_trainable_rows)
     comps = torch.tensor([[1.0, 0.2], [0.0, 0.2], [0.0, 0.0], [1.0, 0.2], [0.0, 0.0]], dtype=torch.float64)
     groups = torch.tensor([0, 0, 0, 1, 1])
     scored = torch.tensor([True, True, True, True, False])
-    out = compute_advantages("gdpo", comps.sum(1), groups, scored=scored, components=comps, eps=0.0)
+    inputs = AdvantageInputs(comps.sum(1), groups, scored=scored, components=comps)
+    out = on_trainable_rows(
+        inputs, lambda x: gdpo_advantages(x.rewards, x.group_ids, components=x.components, eps=0.0)
+    )
     assert out.tolist() == pytest.approx([1.0, 0.0, -1.0, 0.0, 0.0], rel=1e-12, abs=1e-12)
 
 
 def test_gdpo_in_the_trainer_and_config():
-    # rl_advantages: the components by name, weighted by name; the scalar reward is not used
+    # estimate_advantages: the components by name, weighted by name; the scalar reward is not used
     names, comps = (
         ["correct", "format"],
         torch.tensor([[1.0, 0.2], [0.0, 0.2], [0.0, 0.0]], dtype=torch.float64),
     )
     rewards = torch.tensor([9.0, 9.0, 9.0], dtype=torch.float64)
     cfg = AdvantageConfig(estimator="gdpo", reward_weights={"format": 1.0, "correct": 1.0})
-    got = rl_advantages(cfg, rewards, ONE_GROUP, components=(names, comps))
+    named = AdvantageInputs(rewards, ONE_GROUP, components=comps, component_names=tuple(names))
+    got = estimate_advantages(cfg, named)
     assert got.tolist() == pytest.approx(_gdpo([[1.0, 0.0, 0.0], [0.2, 0.2, 0.0]]), rel=1e-15)
-    weighted = rl_advantages(
-        AdvantageConfig(estimator="gdpo", reward_weights={"correct": 1.0, "format": 0.0}),
-        rewards, ONE_GROUP, components=(names, comps),
-    )  # fmt: skip
+    weighted = estimate_advantages(
+        AdvantageConfig(estimator="gdpo", reward_weights={"correct": 1.0, "format": 0.0}), named
+    )
     a = 2 / 3, -1 / 3, -1 / 3  # correct alone: its deviations, batch-normalised (eps cancels out)
     assert weighted.tolist() == pytest.approx(
         [x / math.sqrt(sum(y * y for y in a) / 2) for x in a], rel=1e-12
@@ -125,15 +133,14 @@ def test_gdpo_in_the_trainer_and_config():
             GRPOConfig(**bad)
     assert GRPOConfig(advantage=gdpo).advantage.estimator == "gdpo"
     # the default estimator ignores the components: today's grpo numbers
-    plain = rl_advantages(
-        AdvantageConfig(), torch.tensor([1.2, 0.2, 0.0]), ONE_GROUP, components=(names, comps)
+    plain = estimate_advantages(
+        AdvantageConfig(), dataclasses.replace(named, rewards=torch.tensor([1.2, 0.2, 0.0]))
     )
     assert torch.equal(plain, grpo_advantages(torch.tensor([1.2, 0.2, 0.0]), ONE_GROUP))
 
 
 def test_reward_components_from_the_environment_to_the_rollouts():
-    from posttrain.data.trajectory import EpisodeLimits
-    from posttrain.rollout.episode import apply_step
+    from posttrain.rollout.rollout import EpisodeLimits, apply_step
 
     # the environment's contract: reward = the sum of its components (NeMo RL's tolerance)
     EnvStepResult([1.2], [None], [True], [{}], reward_components=[{"correct": 1.0, "format": 0.2}])

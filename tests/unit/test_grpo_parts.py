@@ -6,10 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
+from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs
 from posttrain.config.schema import AdvantageConfig, GRPOConfig, LossConfig
-from posttrain.data.trajectory import Trajectory
-from posttrain.rollout.rollout import RLBatch, Rollouts
-from posttrain.trainers.grpo import GRPOTrainer, collect_groups, grpo_loss, loss_knobs, rl_advantages
+from posttrain.rollout.rollout import RLBatch, Rollouts, Trajectory
+from posttrain.trainers.grpo import GRPOTrainer, collect_groups
 
 
 def _rollouts(rewards_per_group: list[list[float]], first_group: int = 0) -> Rollouts:
@@ -170,26 +171,25 @@ def test_engine_mismatch_metrics_use_pi_old_not_the_drifted_policy():
 # --- advantages with the KL in the reward --------------------------------------------------------
 
 
-def test_rl_advantages_kl_in_reward():
+def test_advantages_kl_in_reward():
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
     groups = torch.tensor([0, 0, 1, 1])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
     kl = torch.tensor([[0.5, 0.5], [0.2, 7.0], [0.0, 0.0], [1.0, 1.0]])
     # group estimators: r' = r - 0.1 Σ_t KL = [0.9, 0.98, 0, -0.2] -> Dr.GRPO: r' - group mean
-    out = rl_advantages(AdvantageConfig(estimator="dr_grpo"), rewards, groups, kl=kl, mask=mask, kl_beta=0.1)
+    with_kl = AdvantageInputs(rewards, groups, kl=kl, mask=mask, kl_beta=0.1)
+    out = estimate_advantages(AdvantageConfig(estimator="dr_grpo"), with_kl)
     assert out.tolist() == pytest.approx([-0.04, 0.04, 0.1, -0.1])
     # equal task rewards, but the KL spreads them: no longer a zero-variance group
-    assert rl_advantages(AdvantageConfig(estimator="dr_grpo"), rewards, groups).tolist() == [0.0] * 4
+    plain = AdvantageInputs(rewards, groups)
+    assert estimate_advantages(AdvantageConfig(estimator="dr_grpo"), plain).tolist() == [0.0] * 4
     # reinforce_pp: per-token [N, T], token-normalised, 0 on padding
-    pp = rl_advantages(
-        AdvantageConfig(estimator="reinforce_pp"), rewards, groups, kl=kl, mask=mask, kl_beta=0.1
-    )
+    pp = estimate_advantages(AdvantageConfig(estimator="reinforce_pp"), with_kl)
     assert pp.shape == (4, 2) and pp[1, 1] == 0.0
     assert float(pp[mask.bool()].mean()) == pytest.approx(0.0, abs=1e-6)
     # advantage clipping applies last
-    clipped = rl_advantages(
-        AdvantageConfig(estimator="grpo", clip=0.5), torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
-    )
+    pair = AdvantageInputs(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
+    clipped = estimate_advantages(AdvantageConfig(estimator="grpo", clip=0.5), pair)
     assert clipped.tolist() == pytest.approx([0.5, -0.5])
 
 

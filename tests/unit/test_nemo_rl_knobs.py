@@ -6,13 +6,14 @@ import math
 import pytest
 import torch
 
+from posttrain.algorithms.kl import kl_penalty
 from posttrain.algorithms.metrics import (
     accumulate_metrics,
     engine_mismatch_metrics,
     logprob_error_keep,
     sequence_mult_prob_error,
 )
-from posttrain.algorithms.policy_loss import clipped_pg_loss, kl_penalty
+from posttrain.algorithms.policy_loss import clipped_pg_loss
 from posttrain.config.schema import LossConfig
 
 LN2 = math.log(2)
@@ -283,15 +284,17 @@ def test_reinforce_pp_minus_baseline():
     # r = [1, 0, 1, 1], groups [0, 0, 1, 1]
     #   minus_baseline: a = r - group mean = [½, -½, 0, 0]; Bessel std over 4 = sqrt(½ / 3)
     #   default (batch mean ¾): a = [¼, -¾, ¼, ¼]; std = sqrt(¾ / 3) = ½
+    from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
     from posttrain.config.schema import AdvantageConfig
-    from posttrain.trainers.grpo import rl_advantages
 
     r = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
     g = torch.tensor([0, 0, 1, 1])
-    grouped = rl_advantages(AdvantageConfig(estimator="reinforce_pp", minus_baseline=True), r, g)
+    grouped = estimate_advantages(
+        AdvantageConfig(estimator="reinforce_pp", minus_baseline=True), AdvantageInputs(r, g)
+    )
     s = math.sqrt(0.5 / 3) + 1e-6
     assert grouped.tolist() == pytest.approx([0.5 / s, -0.5 / s, 0.0, 0.0], rel=1e-14)
-    batch = rl_advantages(AdvantageConfig(estimator="reinforce_pp"), r, g)
+    batch = estimate_advantages(AdvantageConfig(estimator="reinforce_pp"), AdvantageInputs(r, g))
     assert batch.tolist() == pytest.approx([x / (0.5 + 1e-6) for x in (0.25, -0.75, 0.25, 0.25)], rel=1e-14)
 
 
@@ -314,15 +317,15 @@ def test_asymmetric_advantage_clip():
 
 def test_asymmetric_advantage_clip_in_the_trainer_and_config():
     # one group r = [1, 0, 0]: mean ⅓, Bessel std sqrt(⅓): A = [⅔, -⅓, -⅓] / (sqrt(⅓) + 1e-6)
+    from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
     from posttrain.config.schema import AdvantageConfig
-    from posttrain.trainers.grpo import rl_advantages
 
     r, g = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), torch.zeros(3, dtype=torch.long)
     s = math.sqrt(1 / 3) + 1e-6
-    assert rl_advantages(AdvantageConfig(), r, g).tolist() == pytest.approx(
+    assert estimate_advantages(AdvantageConfig(), AdvantageInputs(r, g)).tolist() == pytest.approx(
         [2 / 3 / s, -1 / 3 / s, -1 / 3 / s]
     )
-    clipped = rl_advantages(AdvantageConfig(clip_low=-0.5, clip_high=1.0), r, g)
+    clipped = estimate_advantages(AdvantageConfig(clip_low=-0.5, clip_high=1.0), AdvantageInputs(r, g))
     assert clipped.tolist() == pytest.approx([1.0, -0.5, -0.5], rel=1e-15)
     with pytest.raises(ValueError, match="one or the other"):
         AdvantageConfig(clip=1.0, clip_high=2.0)
@@ -494,9 +497,8 @@ def test_positive_example_nll_is_split_invariant():
 def test_positive_example_nll_in_the_trainer():
     # the batch carries the environment's rewards; positive_tokens counts the positive rows' valid
     # tokens over the whole minibatch; grpo_loss flags reward > 0
-    from posttrain.data.trajectory import Trajectory
-    from posttrain.rollout.rollout import RLBatch, build_rl_batch
-    from posttrain.trainers.grpo import grpo_loss, loss_knobs, positive_tokens
+    from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
+    from posttrain.rollout.rollout import RLBatch, Trajectory, build_rl_batch
 
     rows = [Trajectory([5, 6, 7], [0, 1, 1], [0.0, -1.0, -2.0], [], {}, 0, reward=r) for r in VAPO_REWARDS]
     built = build_rl_batch(rows, torch.zeros(3), 0)
@@ -582,10 +584,8 @@ def test_message_advantage_penalties_in_the_trainer():
     # the turn spans and the environment's per-turn flags travel on the trajectory; the penalty
     # replaces the flagged turn's tokens' advantage, then advantage.clip applies (NeMo RL's order)
     from posttrain.config.schema import AdvantageConfig
-    from posttrain.data.trajectory import EpisodeLimits, Trajectory
     from posttrain.environments.interface import EnvStepResult
-    from posttrain.rollout.episode import apply_step
-    from posttrain.rollout.rollout import flagged_turn_tokens
+    from posttrain.rollout.rollout import EpisodeLimits, Trajectory, apply_step, flagged_turn_tokens
     from posttrain.trainers.grpo import apply_message_penalties
 
     t = Trajectory([7, 8, 9, 10, 11], [0, 1, 1, 0, 1], [0.0] * 5, [], {}, 0)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from posttrain.algorithms.advantages import grpo_advantages
+from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
 from posttrain.config.schema import AdvantageConfig, GRPOConfig
-from posttrain.trainers.grpo import rl_advantages
 
 F64 = torch.float64
 TEACHER = torch.tensor([[0.0, -1.0, -2.0, -0.5], [0.0, -0.25, -3.0, -1.0]], dtype=F64)
@@ -21,13 +21,15 @@ def test_the_estimator_is_teacher_minus_student_on_generated_tokens():
     expected = torch.tensor([[0.0, 0.5, -1.0, 0.0], [0.0, 0.5, -2.0, 0.0]], dtype=F64)
     for coef in (1.0, 2.0):
         adv = AdvantageConfig(estimator="on_policy_distill", distill_coef=coef)
-        out = rl_advantages(
+        out = estimate_advantages(
             adv,
-            torch.tensor([1.0, 0.0]),
-            torch.tensor([0, 0]),
-            mask=MASK,
-            teacher_logprobs=TEACHER,
-            student_logprobs=STUDENT,
+            AdvantageInputs(
+                torch.tensor([1.0, 0.0]),
+                torch.tensor([0, 0]),
+                mask=MASK,
+                teacher_logprobs=TEACHER,
+                student_logprobs=STUDENT,
+            ),
         )
         assert torch.equal(out, coef * expected)
 
@@ -36,7 +38,8 @@ def test_reward_weight_adds_the_group_advantage_on_generated_tokens():
     rewards = torch.tensor([1.0, 0.0], dtype=F64)
     groups = torch.tensor([7, 7])
     adv = AdvantageConfig(estimator="on_policy_distill", distill_coef=1.0, distill_reward_weight=0.5)
-    out = rl_advantages(adv, rewards, groups, mask=MASK, teacher_logprobs=TEACHER, student_logprobs=STUDENT)
+    inputs = AdvantageInputs(rewards, groups, mask=MASK, teacher_logprobs=TEACHER, student_logprobs=STUDENT)
+    out = estimate_advantages(adv, inputs)
     # grpo on {1, 0}: mean 0.5, std sqrt(0.5) -> +-0.5 / (sqrt(0.5) + 1e-6)
     g = 0.5 / (0.5**0.5 + 1e-6)
     expected = torch.tensor(
@@ -48,21 +51,25 @@ def test_reward_weight_adds_the_group_advantage_on_generated_tokens():
 
 def test_reward_weight_zero_ignores_rewards_and_clip_applies():
     adv = AdvantageConfig(estimator="on_policy_distill", clip=0.75)
-    one = rl_advantages(
+    one = estimate_advantages(
         adv,
-        torch.tensor([1.0, 0.0]),
-        torch.tensor([0, 0]),
-        mask=MASK,
-        teacher_logprobs=TEACHER,
-        student_logprobs=STUDENT,
+        AdvantageInputs(
+            torch.tensor([1.0, 0.0]),
+            torch.tensor([0, 0]),
+            mask=MASK,
+            teacher_logprobs=TEACHER,
+            student_logprobs=STUDENT,
+        ),
     )
-    two = rl_advantages(
+    two = estimate_advantages(
         adv,
-        torch.tensor([5.0, -3.0]),
-        torch.tensor([0, 1]),
-        mask=MASK,
-        teacher_logprobs=TEACHER,
-        student_logprobs=STUDENT,
+        AdvantageInputs(
+            torch.tensor([5.0, -3.0]),
+            torch.tensor([0, 1]),
+            mask=MASK,
+            teacher_logprobs=TEACHER,
+            student_logprobs=STUDENT,
+        ),
     )
     assert torch.equal(one, two)
     assert torch.equal(one, torch.tensor([[0.0, 0.5, -0.75, 0.0], [0.0, 0.5, -0.75, 0.0]], dtype=F64))

@@ -3,18 +3,11 @@ import math
 import pytest
 import torch
 
+from posttrain.algorithms.importance import importance_weights, sequence_log_ratio
+from posttrain.algorithms.kl import kl_estimate, kl_penalty
+from posttrain.algorithms.losses import aggregate, masked_mean
 from posttrain.algorithms.metrics import accumulate_metrics
-from posttrain.algorithms.policy_loss import (
-    POLICY_LOSSES,
-    aggregate,
-    cispo_loss,
-    clipped_pg_loss,
-    importance_weights,
-    kl_estimate,
-    kl_penalty,
-    masked_mean,
-    sequence_log_ratio,
-)
+from posttrain.algorithms.policy_loss import POLICY_LOSSES, cispo_loss, clipped_pg_loss
 
 ln = math.log
 

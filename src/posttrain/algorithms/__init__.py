@@ -1,9 +1,7 @@
 """Pure torch math: losses, advantages and metrics. Imports nothing but torch (no ray, vllm or transformers)."""
 
 from posttrain.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
     clip_advantages,
-    compute_advantages,
     dr_grpo_advantages,
     gdpo_advantages,
     group_range,
@@ -18,8 +16,17 @@ from posttrain.algorithms.advantages import (
     trainable_samples,
 )
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
+from posttrain.algorithms.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    advantage_estimator,
+    estimate_advantages,
+    register_advantage_estimator,
+)
 from posttrain.algorithms.gae import GAEOutput, gae_advantages, length_adaptive_lambda, token_rewards, whiten
-from posttrain.algorithms.losses import masked_sum, nll_loss
+from posttrain.algorithms.importance import importance_weights, sequence_log_ratio
+from posttrain.algorithms.kl import KL_ESTIMATORS, kl_estimate, kl_penalty
+from posttrain.algorithms.losses import aggregate, masked_mean, masked_sum, nll_loss
 from posttrain.algorithms.metrics import (
     approx_entropy,
     cons_at_k,
@@ -29,19 +36,7 @@ from posttrain.algorithms.metrics import (
     reward_statistics,
     token_mult_prob_error,
 )
-from posttrain.algorithms.policy_loss import (
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    aggregate,
-    cispo_loss,
-    clipped_pg_loss,
-    importance_weights,
-    kl_estimate,
-    kl_penalty,
-    masked_mean,
-    positive_example_nll,
-    sequence_log_ratio,
-)
+from posttrain.algorithms.policy_loss import POLICY_LOSSES, cispo_loss, clipped_pg_loss, positive_example_nll
 from posttrain.algorithms.preference import (
     PREFERENCE_LOSSES,
     bradley_terry_loss,
@@ -51,14 +46,18 @@ from posttrain.algorithms.preference import (
     preference_logits,
     sequence_logprobs,
 )
+from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
 from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 
 __all__ = [
     "masked_sum",
     "nll_loss",
     "ADVANTAGE_ESTIMATORS",
+    "AdvantageInputs",
+    "advantage_estimator",
+    "estimate_advantages",
+    "register_advantage_estimator",
     "clip_advantages",
-    "compute_advantages",
     "dr_grpo_advantages",
     "gdpo_advantages",
     "group_range",
@@ -100,6 +99,9 @@ __all__ = [
     "masked_mean",
     "positive_example_nll",
     "sequence_log_ratio",
+    "grpo_loss",
+    "loss_knobs",
+    "positive_tokens",
     "PREFERENCE_LOSSES",
     "bradley_terry_loss",
     "dpo_sigmoid_loss",

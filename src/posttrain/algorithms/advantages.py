@@ -13,20 +13,19 @@ A group whose rewards are all equal (max - min = 0) gets advantage exactly 0 fro
 estimator; the decision is made on the range, never on a rounded std (see ``group_range``).
 Group statistics are computed in float64.
 
-Registry: ``ADVANTAGE_ESTIMATORS[name]`` with ``name`` in ``"grpo"``, ``"dr_grpo"``, ``"rloo"``,
-``"reinforce_pp"``, ``"gdpo"`` (several named reward components, ``components=[N, K]``);
-``compute_advantages(name, rewards, group_ids, scored=..., **kwargs)`` dispatches,
-on the ``trainable_samples`` only when told which samples were scored (docs/algorithms.md).
+Estimators: ``grpo_advantages`` (and ``dr_grpo_advantages``, ``rloo_advantages``),
+``reinforce_pp_advantages``, ``gdpo_advantages`` (several named reward components,
+``components=[N, K]``), ``raw_reward_advantages``; ``trainable_samples`` says which samples carry a
+learning signal. The registry that names them with one signature, and restricts them to the
+trainable samples, is ``posttrain.algorithms.estimators`` (docs/algorithms.md).
 Around them: ``scale_rewards`` (NeMo RL's reward scaling), ``kl_penalized_rewards`` /
-``kl_penalized_returns`` (the KL to a reference as a reward penalty) and ``clip_advantages``.
-The teacher's per-token advantage (``advantage.estimator=on_policy_distill``) is
-``posttrain.algorithms.distillation.on_policy_distill_advantages``: not a function of rewards.
+``kl_penalized_returns`` (the KL to a reference as a reward penalty), ``clip_advantages`` and
+``message_advantage_penalties``.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -232,8 +231,8 @@ def gdpo_advantages(
     group with no spread in any component gets -mean(S) / std(S), not 0 (NeMo RL's as well).
 
     ``rewards`` (the scalar reward, the components' sum) is not used: it keeps the registry's
-    signature. Call this on the whole batch (``compute_advantages(scored=...)`` leaves out the samples
-    that cannot train first). Computed in float64, returned in the rewards' float dtype.
+    signature. Call this on the whole batch (the registry's ``on_trainable_rows`` leaves out the
+    samples that cannot train first). Computed in float64, returned in the rewards' float dtype.
 
     Args:
         components: [N, K] float, K >= 2 named parts of each sample's reward.
@@ -272,7 +271,7 @@ def kl_penalized_rewards(
 
         r'_i = r_i - β sum_t m_it KL_it
 
-    KL_it is a per-token estimate of KL(π || π_ref) (``policy_loss.kl_estimate``, no gradient).
+    KL_it is a per-token estimate of KL(π || π_ref) (``kl.kl_estimate``, no gradient).
     The sum (not mean) over tokens makes r' the return of the token-level reward
     -β KL_t (+ r at the last token) with γ = 1, as in InstructGPT (arXiv:2203.02155) and PPO-RLHF
     implementations; it grows with length. Shapes: rewards [N], kl [N, T], mask [N, T] -> [N].
@@ -457,15 +456,6 @@ def scale_rewards(
     return target_min + (clamped - source_min) * ((target_max - target_min) / (source_max - source_min))
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_pp": reinforce_pp_advantages,
-    "gdpo": gdpo_advantages,
-}
-
-
 def trainable_samples(group_ids: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """[N] bool: the samples that carry a learning signal: scored, in a group with >= 2 scored samples.
 
@@ -477,45 +467,3 @@ def trainable_samples(group_ids: torch.Tensor, scored: torch.Tensor) -> torch.Te
     inverse, num_groups = _group_index(keep, group_ids)
     count = torch.zeros(num_groups, dtype=torch.long).index_add(0, inverse, keep.long())
     return keep & (count[inverse] >= 2)
-
-
-def compute_advantages(
-    name: str,
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    *,
-    scored: torch.Tensor | None = None,
-    **kwargs,
-) -> torch.Tensor:
-    """Advantages by estimator name (a key of ADVANTAGE_ESTIMATORS); kwargs go to the estimator.
-
-    With ``scored`` ([N] bool) the estimator sees only the ``trainable_samples``: every baseline,
-    std and batch normalisation is over scored samples of groups with >= 2 of them, and every other
-    sample gets advantage exactly 0 (all its positions, for [N, T] results). Tensor kwargs with a
-    leading dimension N (reinforce_pp's ``kl`` and ``mask``) are taken on the same rows. Without
-    ``scored`` (or with all samples trainable) the result is the estimator's own.
-    """
-    try:
-        fn = ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, list(ADVANTAGE_ESTIMATORS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}.{hint}"
-        ) from None
-    if scored is None:
-        return fn(rewards, group_ids, **kwargs)
-    keep = trainable_samples(group_ids, scored)
-    if bool(keep.all()):
-        return fn(rewards, group_ids, **kwargs)
-    n = rewards.shape[0]
-    rows = {
-        k: v[keep] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
-        for k, v in kwargs.items()
-    }
-    kl = kwargs.get("kl")
-    shape = (n,) if kl is None else tuple(kl.shape)
-    out = torch.zeros(shape, dtype=_as_float(rewards).dtype)
-    if bool(keep.any()):
-        out[keep] = fn(rewards[keep], group_ids[keep], **rows).to(out.dtype)
-    return out

@@ -53,7 +53,8 @@ inputs are constants (no gradient flows into them).
 ``on_policy_distill_advantages``: the sampled-token estimator, A_t = sg[log π_T(a_t) - log π_S(a_t)]
 per generated token, a per-token reward whose expectation under the student is -KL(π_S ‖ π_T) (Lu
 et al. 2025, "On-Policy Distillation", Thinking Machines); for GRPO's policy-gradient loss, alone or
-added to environment advantages (``DISTILLATION_ADVANTAGES``).
+added to environment advantages (registered as ``on_policy_distill`` in
+``posttrain.algorithms.estimators``).
 """
 
 from __future__ import annotations
@@ -264,10 +265,3 @@ def on_policy_distill_advantages(
         env = advantages.detach().to(out.dtype)
         out = out + (env.unsqueeze(-1) if env.dim() == 1 else env)
     return torch.where(m, out, torch.zeros_like(out))
-
-
-DISTILLATION_ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
-    "on_policy_distill": on_policy_distill_advantages,
-}
-"""Advantage estimators from a teacher: ``advantage.estimator=on_policy_distill`` in GRPO
-(``posttrain.trainers.grpo.rl_advantages``)."""

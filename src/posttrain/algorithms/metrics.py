@@ -11,7 +11,7 @@ import torch
 
 from posttrain.algorithms.advantages import group_statistics
 from posttrain.algorithms.dapo import zero_variance_groups
-from posttrain.algorithms.policy_loss import masked_mean
+from posttrain.algorithms.losses import masked_mean
 
 
 def _diff(train_logprobs: torch.Tensor, gen_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -247,6 +247,26 @@ def reward_statistics(rewards: torch.Tensor, group_ids: torch.Tensor | None = No
         stats["group_std_mean"] = group_statistics(r, group_ids).std.mean().item()
         stats["zero_variance_fraction"] = zero_variance_groups(r, group_ids).to(torch.float64).mean().item()
     return stats
+
+
+def scored_reward_metrics(rewards: torch.Tensor, scored: torch.Tensor) -> dict[str, float]:
+    """reward/mean and reward/std (Bessel; 0 for fewer than two) over the scored samples only: an
+    unscored sample's reward 0 is no reward. reward/mean is 0 when nothing was scored."""
+    r = rewards[scored.to(torch.bool)]
+    return {
+        "reward/mean": float(r.mean()) if len(r) else 0.0,
+        "reward/std": float(r.std()) if len(r) > 1 else 0.0,
+    }
+
+
+def component_reward_metrics(
+    names: list[str], matrix: torch.Tensor, scored: torch.Tensor
+) -> dict[str, float]:
+    """reward/<name>/mean for each named reward component, over the scored samples (0 when none)."""
+    rows = matrix[scored.to(torch.bool)]
+    return {
+        f"reward/{name}/mean": float(rows[:, k].mean()) if len(rows) else 0.0 for k, name in enumerate(names)
+    }
 
 
 def importance_ratio_stats(

@@ -15,296 +15,31 @@ batch was split. The metrics returned are likewise this microbatch's share of th
 
 Shapes: B sequences, T token positions. ``mask[b, t] = 1`` marks a token that counts (a sampled
 assistant token); masked positions may hold anything (they are zeroed before any ``exp``).
+
+The parts live by topic: the KL estimators and penalty in ``kl.py``, the GSPO sequence ratio and
+the engine importance corrections in ``importance.py``, ``masked_mean`` / ``aggregate`` in
+``losses.py``; the loss on an RL batch and its config mapping (``grpo_loss``, ``loss_knobs``) in
+``rl_loss.py``.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Literal
 
 import torch
 
+from posttrain.algorithms.importance import (
+    IMPORTANCE_CORRECTIONS,
+    ImportanceCorrection,
+    importance_weights,
+    ratio_extremes,
+    sequence_log_ratio,
+)
+from posttrain.algorithms.kl import KL_ESTIMATORS, KL_GRADIENTS, KLEstimator, KLGradient, kl_penalty
+from posttrain.algorithms.losses import AGGREGATIONS, Aggregation, aggregate, check_choice
+
 RatioLevel = Literal["token", "sequence"]
-Aggregation = Literal["token", "sequence", "seq_mean_token_sum"]
-KLEstimator = Literal["k1", "k2", "k3"]
-KLGradient = Literal["exact", "plain"]
-ImportanceCorrection = Literal["plain", "truncated", "icepop", "seq_mask"]
-
-IMPORTANCE_CORRECTIONS = (None, "plain", "truncated", "icepop", "seq_mask")
-
-AGGREGATIONS = ("token", "sequence", "seq_mean_token_sum")
-
-
-def _check_choice(kind: str, value: object, choices) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown {kind} {value!r}; choose one of {list(choices)}.{hint}")
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of ``values`` over the positions where ``mask`` is 1.
-
-        masked_mean = sum(values * mask) / max(sum(mask), 1)
-
-    Over all elements (dim=None, scalar) or along ``dim``. An all-masked slice gives 0, not NaN.
-    Masked positions are zeroed with ``torch.where``, so NaN/inf there does not leak.
-    """
-    m = mask.to(torch.bool)
-    zeroed = torch.where(m, values, torch.zeros_like(values))
-    count = m.to(values.dtype)
-    if dim is None:
-        return zeroed.sum() / count.sum().clamp(min=1)
-    return zeroed.sum(dim) / count.sum(dim).clamp(min=1)
-
-
-def _k1(log_r: torch.Tensor) -> torch.Tensor:
-    return -log_r
-
-
-def _k2(log_r: torch.Tensor) -> torch.Tensor:
-    return 0.5 * log_r**2
-
-
-def _k3(log_r: torch.Tensor) -> torch.Tensor:
-    return torch.exp(log_r) - log_r - 1
-
-
-# each maps log r = log π_ref(x) - log π(x) of a token x sampled from π to a per-token estimate
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "k1": _k1,
-    "k2": _k2,
-    "k3": _k3,
-}
-
-KL_GRADIENTS = ("exact", "plain")
-
-
-def kl_estimate(
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    estimator: KLEstimator = "k3",
-    *,
-    input_clamp: float | None = None,
-    output_clamp: float | None = None,
-) -> torch.Tensor:
-    """Per-token estimate of KL(π || π_ref) from tokens sampled from π (Schulman 2020,
-    "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html).
-
-    With log r = log π_ref(x) - log π(x) for the sampled token x:
-        k1 = -log r = log π - log π_ref          unbiased, high variance, can be negative
-        k2 = 0.5 * (log r)^2                     biased, low variance, >= 0
-        k3 = exp(log r) - log r - 1              unbiased, low variance, >= 0 (GRPO's choice)
-
-    Clamps (NeMo RL's, there 20 and 10; None: off): log r is clamped to [-input_clamp,
-    input_clamp] before the estimator (exp(log r) cannot overflow), the estimate to
-    [-output_clamp, output_clamp] after it. A clamped token has no gradient through the estimate.
-
-    This is the VALUE of the estimate; its gradient is not ∇KL(π || π_ref) for k1 and k3, see
-    ``kl_penalty`` for the loss term. Shapes: [B, T] x2 -> [B, T] (elementwise; mask it yourself).
-    """
-    kl, _ = _clamped_estimate(logprobs, ref_logprobs, estimator, input_clamp, output_clamp)
-    return kl
-
-
-def _clamped_estimate(
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    estimator: str,
-    input_clamp: float | None,
-    output_clamp: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``kl_estimate``, inside): inside[b, t] is True where neither clamp cut the token, i.e.
-    |log r| <= input_clamp and |k| <= output_clamp (torch's clamp passes the gradient at the bound
-    itself, so a token exactly at a bound counts as inside). Shapes: [B, T] x2 -> [B, T] x2."""
-    _check_choice("kl estimator", estimator, KL_ESTIMATORS)
-    log_r = ref_logprobs - logprobs
-    inside = torch.ones_like(log_r, dtype=torch.bool)
-    if input_clamp is not None:
-        inside = inside & (log_r.detach().abs() <= input_clamp)
-        log_r = log_r.clamp(min=-input_clamp, max=input_clamp)
-    kl = KL_ESTIMATORS[estimator](log_r)
-    if output_clamp is not None:
-        inside = inside & (kl.detach().abs() <= output_clamp)
-        kl = kl.clamp(min=-output_clamp, max=output_clamp)
-    return kl, inside
-
-
-def kl_penalty(
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    estimator: KLEstimator = "k3",
-    *,
-    gradient: KLGradient = "exact",
-    input_clamp: float | None = 20.0,
-    output_clamp: float | None = 10.0,
-    sampling_logprobs: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-token KL loss term: the value of ``kl_estimate``, the gradient of KL(π || π_ref).
-
-    The tokens x are sampled from π and held fixed, so a loss term k(x) has expected gradient
-    E_π[∇k(x)], not ∇E_π[k(x)]: the score-function part E_π[k(x) ∇log π(x)] is missing. With
-    d = log π(x) - log π_ref(x) (= -log r) and ∇KL(π || π_ref) = E_π[d ∇log π]:
-
-        k1: ∇k1 = ∇log π,         E_π[∇log π] = 0             (no expected gradient at all)
-        k2: ∇k2 = d ∇log π,       E_π = ∇KL(π || π_ref)       (already right)
-        k3: ∇k3 = (1 - r) ∇log π, E_π = -Σ_x π_ref ∇log π = ∇KL(π_ref || π)   (the reverse KL)
-
-    gradient="exact" multiplies k1 and k3 by the score-function factor exp(log π - sg(log π))
-    (value 1, gradient ∇log π; as NeMo RL does), adding k ∇log π: both then have the per-token
-    gradient d ∇log π, like k2, and every estimator's expected gradient is ∇KL(π || π_ref).
-    gradient="plain" adds the estimate as is: DeepSeekMath's GRPO (arXiv:2402.03300, k3 as a
-    plain loss term; its expected gradient is that of KL(π_ref || π)); with k1 it is a no-op in
-    expectation. k2 is the same in both modes.
-
-    Clamps as in ``kl_estimate`` (defaults: NeMo RL's 20 / 10). A token either clamp cut has the
-    clamp's constant as its value and NO gradient, in both modes: the score-function factor is
-    applied only to tokens inside the bounds (applied to a clamped token it would leave the
-    gradient c ∇log π, c the clamp's constant: for k3 at log r > 2.6, where π_ref ≫ π, that pushes
-    log π down, away from π_ref). Shapes: [B, T] x2 -> [B, T].
-
-    On-policy KL approximation (``sampling_logprobs`` = log π_gen of the engine that drew the
-    tokens; NeMo RL's ``use_on_policy_kl_approximation``): the tokens come from π_gen, not π, so
-    every term is importance-weighted by w = exp(log π - log π_gen), held fixed (no gradient):
-
-        value = clamp(w k, ±output_clamp)       (the clamp after the weight, as NeMo RL does)
-        E_{π_gen}[w ∇(k · s)] = E_π[∇(k · s)] = ∇KL(π || π_ref)    (s: the score factor above)
-
-    For k1 and k3 with gradient="exact" the gradient equals NeMo RL's ∇(w k) with w not held fixed
-    (w ∇k + k w ∇log π is exactly w ∇(k s)); for k2 NeMo RL's adds the biased k2 w ∇log π, which
-    is left out here. A NaN/inf weight is 0 (NeMo RL's nan_to_num).
-    """
-    _check_choice("kl gradient", gradient, KL_GRADIENTS)
-    if sampling_logprobs is not None:
-        return _on_policy_kl_penalty(
-            logprobs, ref_logprobs, sampling_logprobs, estimator, gradient, input_clamp, output_clamp
-        )
-    kl, inside = _clamped_estimate(logprobs, ref_logprobs, estimator, input_clamp, output_clamp)
-    if gradient == "exact" and estimator in ("k1", "k3"):
-        score = torch.exp(logprobs - logprobs.detach())
-        kl = kl * torch.where(inside, score, torch.ones_like(score))
-    return kl
-
-
-def _on_policy_kl_penalty(
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    sampling_logprobs: torch.Tensor,
-    estimator: str,
-    gradient: str,
-    input_clamp: float | None,
-    output_clamp: float | None,
-) -> torch.Tensor:
-    """``kl_penalty`` for tokens drawn from π_gen: w k with w = sg(exp(log π - log π_gen)) (NaN/inf
-    weights: 0), the output clamp applied to w k (NeMo RL's order), the score factor as in
-    ``kl_penalty``; a token either clamp cut has no gradient. Shapes: [B, T] x3 -> [B, T]."""
-    kl, inside = _clamped_estimate(logprobs, ref_logprobs, estimator, input_clamp, None)
-    log_w = logprobs.detach() - sampling_logprobs.detach().to(logprobs.dtype)
-    weight = torch.nan_to_num(torch.exp(log_w), nan=0.0, posinf=0.0, neginf=0.0)
-    kl = weight * kl
-    if output_clamp is not None:
-        inside = inside & (kl.detach().abs() <= output_clamp)
-    if gradient == "exact" and estimator in ("k1", "k3"):
-        score = torch.exp(logprobs - logprobs.detach())
-        kl = kl * torch.where(inside, score, torch.ones_like(score))
-    if output_clamp is not None:
-        kl = kl.clamp(min=-output_clamp, max=output_clamp)
-    return kl
-
-
-def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, *, aggregation: Aggregation, normalizer: float
-) -> torch.Tensor:
-    """Reduce a per-token quantity [B, T] to this microbatch's share of a global mean (scalar).
-
-        "token":              sum_{b,t} m_bt x_bt / N       N = valid tokens in the GLOBAL batch
-                              (DAPO's token-level loss)
-        "sequence":           sum_b [sum_t m_bt x_bt / max(sum_t m_bt, 1)] / N
-                              N = sequences in the GLOBAL batch (GRPO's per-sequence token mean)
-        "seq_mean_token_sum": sum_{b,t} m_bt x_bt / N       N = (sequences in the GLOBAL batch) * L
-                              with L a constant (the generation length budget, max_len), so every
-                              sequence's token sum is divided by the same number (Dr. GRPO,
-                              arXiv:2503.20783). The sum is the same as "token"; only the caller's
-                              normalizer differs.
-
-    Masked positions are zeroed with ``torch.where`` (NaN/inf there does not leak).
-    """
-    _check_choice("aggregation", aggregation, AGGREGATIONS)
-    if normalizer <= 0:
-        raise ValueError(f"normalizer must be > 0 (a global token or sequence count), got {normalizer}")
-    m = mask.to(torch.bool)
-    zeroed = torch.where(m, per_token, torch.zeros_like(per_token))
-    if aggregation == "sequence":
-        lengths = m.to(per_token.dtype).sum(-1).clamp(min=1)
-        return (zeroed.sum(-1) / lengths).sum() / normalizer
-    return zeroed.sum() / normalizer
-
-
-def sequence_log_ratio(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """GSPO's length-normalised sequence log importance ratio (Zheng et al. 2025, arXiv:2507.18071).
-
-        log s_b = (1/|y_b|) sum_t m_bt (log π_bt - log π_old_bt)
-
-    Shapes: [B, T] x3 -> [B]. Sequences with no valid token get log s = 0.
-    """
-    return masked_mean(logprobs - old_logprobs, mask, dim=-1)
-
-
-def importance_weights(
-    old_logprobs: torch.Tensor,
-    generation_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    correction: ImportanceCorrection,
-    cap: float = 2.0,
-    min_ratio: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights that correct for the inference engine's sampler differing from the trainer's π_old.
-
-    Per valid token, w_bt = π_old(x_bt) / π_gen(x_bt) = exp(log π_old_bt - log π_gen_bt), with
-    bounds [lo, hi] = [min_ratio (0 if None), cap]:
-
-        "plain"      w as is (unbiased, unbounded variance)
-        "truncated"  clamp(w, lo, hi): truncated IS (TIS; Yao et al. 2025, "Your efficient RL
-                     framework secretly brings you off-policy RL training"); lo > 0 also lifts
-                     tiny weights
-        "icepop"     w if lo <= w <= hi, else 0: tokens whose engine and trainer disagree too
-                     much are dropped (ICE-POP, Ling team 2025, "Every step evolves"; NeMo RL's
-                     reference bounds 0.5 / 5)
-        "seq_mask"   w (not truncated) if lo <= g_b <= hi, else 0 for the whole sequence b, with
-                     g_b = exp(mean_t log w_bt) the sequence's geometric-mean ratio
-                     (sequence-masked TIS; NeMo RL's reference bounds 0.999 / 1.002)
-
-    Returns (weights, out_of_bounds), both [B, T]: the weights without gradient (0 at masked
-    positions), and a bool mask of valid tokens whose ratio (for "seq_mask": whose sequence's
-    ratio) lies outside [lo, hi] (all False for "plain").
-    """
-    _check_choice("importance_correction", correction, IMPORTANCE_CORRECTIONS[1:])
-    if cap <= 0:
-        raise ValueError(f"importance_cap must be > 0, got {cap}")
-    lo = 0.0 if min_ratio is None else min_ratio
-    if lo < 0 or lo >= cap:
-        raise ValueError(f"need 0 <= importance_min < importance_cap, got {min_ratio} and {cap}")
-    valid = mask.to(torch.bool)
-    zero = torch.zeros_like(old_logprobs)
-    gen = generation_logprobs.detach().to(old_logprobs.dtype)
-    log_w = torch.where(valid, old_logprobs.detach() - gen, zero)
-    w = torch.where(valid, torch.exp(log_w), zero)
-    if correction == "plain":
-        return w, torch.zeros_like(valid)
-    if correction == "seq_mask":
-        geo = torch.exp(masked_mean(log_w, valid, dim=-1)).unsqueeze(-1)
-        out = ((geo < lo) | (geo > cap)) & valid
-    else:
-        out = ((w < lo) | (w > cap)) & valid
-    if correction == "truncated":
-        w = torch.where(valid, w.clamp(min=lo, max=cap), zero)
-    else:
-        w = torch.where(out, zero, w)
-    return w, out
 
 
 def _check_common(
@@ -323,10 +58,10 @@ def _check_common(
     kl_gradient: str,
     importance_correction: str | None,
 ) -> None:
-    _check_choice("aggregation", aggregation, AGGREGATIONS)
-    _check_choice("importance_correction", importance_correction, IMPORTANCE_CORRECTIONS)
-    _check_choice("kl estimator", kl_estimator, KL_ESTIMATORS)
-    _check_choice("kl gradient", kl_gradient, KL_GRADIENTS)
+    check_choice("aggregation", aggregation, AGGREGATIONS)
+    check_choice("importance_correction", importance_correction, IMPORTANCE_CORRECTIONS)
+    check_choice("kl estimator", kl_estimator, KL_ESTIMATORS)
+    check_choice("kl gradient", kl_gradient, KL_GRADIENTS)
     if normalizer <= 0:
         raise ValueError(f"normalizer must be > 0 (a global token or sequence count), got {normalizer}")
     if clip_low < 0 or clip_high < 0:
@@ -408,16 +143,6 @@ def _finish(
             loss = loss + kl_beta * kl
         metrics["kl"] = kl.item()
     return loss, metrics, agg_metric
-
-
-def ratio_extremes(ratio: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
-    """probs_ratio_min / probs_ratio_max: the smallest and largest π / π_old over the valid tokens
-    (NeMo RL's names); empty when no token is valid. Merged over microbatches and ranks by min / max
-    (``posttrain.algorithms.metrics.accumulate_metrics``), never summed."""
-    values = ratio.detach()[valid]
-    if values.numel() == 0:
-        return {}
-    return {"probs_ratio_min": float(values.min()), "probs_ratio_max": float(values.max())}
 
 
 def _check_knob_combinations(
@@ -571,7 +296,7 @@ def clipped_pg_loss(
             probs_ratio_min / probs_ratio_max (``ratio_extremes``; not shares: min / max),
             positive_nll (if positive_example_nll_weight > 0: the unweighted VAPO term).
     """
-    _check_choice("ratio_level", ratio_level, ("token", "sequence"))
+    check_choice("ratio_level", ratio_level, ("token", "sequence"))
     _check_knob_combinations(generation_logprobs, on_policy_kl_approximation)
     if disable_ppo_ratio and (dual_clip is not None or ratio_level != "token"):
         raise ValueError("disable_ppo_ratio (-A log π) takes no dual_clip and only ratio_level='token'")

@@ -24,12 +24,13 @@ from typing import Any
 import torch
 
 from posttrain.algorithms.distillation import distillation_loss
+from posttrain.algorithms.metrics import scored_reward_metrics
 from posttrain.config.schema import DistillConfig
 from posttrain.distributed.student import DistillBatch
 from posttrain.distributed.teacher_group import StudentGroup
 from posttrain.models.distill_logprobs import StudentTopK
 from posttrain.rollout.rollout import Rollouts, build_rl_batch
-from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, scored_reward_metrics
+from posttrain.trainers.grpo import GRPOResult, GRPOTrainer
 
 PLOTS = [
     "distill/divergence",

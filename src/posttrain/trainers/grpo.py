@@ -26,28 +26,27 @@ import torch
 
 from posttrain.algorithms.advantages import (
     clip_advantages,
-    compute_advantages,
-    kl_penalized_rewards,
     message_advantage_penalties,
     scale_rewards,
     trainable_samples,
 )
 from posttrain.algorithms.dapo import overlong_filter_mask, overlong_reward_shaping, zero_variance_groups
-from posttrain.algorithms.distillation import on_policy_distill_advantages
+from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
+from posttrain.algorithms.kl import kl_estimate
 from posttrain.algorithms.metrics import (
     accumulate_metrics,
-    engine_mismatch_metrics,
+    component_reward_metrics,
     logprob_error_keep,
     pass_at_k,
+    scored_reward_metrics,
 )
-from posttrain.algorithms.policy_loss import POLICY_LOSSES, kl_estimate
 from posttrain.algorithms.reward_shaping import stop_properly_penalty
+from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
 from posttrain.checkpoint import Deadline, resolve_resume
 from posttrain.config.schema import (
     AdvantageConfig,
     DatasetConfig,
     GRPOConfig,
-    LossConfig,
     episode_token_budget,
 )
 from posttrain.data.batching import EpochSampler
@@ -114,179 +113,6 @@ PLOTS = [
 ]
 
 
-def grpo_loss(
-    logprobs: torch.Tensor,
-    batch: RLBatch,
-    normalizer: float,
-    *,
-    token_normalizer: float,
-    positive_normalizer: float | None = None,
-    policy_loss: str = "clipped_pg",
-    **knobs: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy loss (``POLICY_LOSSES[policy_loss]``) plus generation-vs-training diagnostics.
-
-    Metrics are this microbatch's shares of global means. token_mult_prob_error, gen_kl,
-    policy_kl_error and js_divergence_error (``engine_mismatch_metrics``) compare the generator with π_old, the policy that the batch was sampled for (``old_logprobs``
-    when the batch gets several updates, else the current policy, which then is π_old): they
-    measure the engine mismatch, not how far the policy has moved since (NeMo RL's definition).
-    That holds for rows sampled by π_old's own weights; in async mode stale rows also carry the
-    policy's drift, so the trainer replaces both with their values over the fresh rows and reports
-    the stale rows' gap apart (`posttrain.trainers.grpo_async.logprob_gap_metrics`).
-
-    VAPO (``positive_example_nll_weight``): the positive samples are the rows whose environment
-    reward (``batch.rewards``) is > 0, ``positive_normalizer`` their valid tokens in the whole
-    minibatch (`positive_tokens`), as the trainer counts them before splitting it.
-    """
-    old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-    positive = batch.rewards > 0 if batch.rewards is not None else None
-    loss, metrics = POLICY_LOSSES[policy_loss](
-        logprobs,
-        old,
-        batch.advantages,
-        batch.loss_mask,
-        normalizer=normalizer,
-        generation_logprobs=batch.generation_logprobs,
-        reference_logprobs=batch.reference_logprobs,
-        token_normalizer=token_normalizer,
-        positive_samples=positive,
-        positive_normalizer=positive_normalizer,
-        **knobs,
-    )
-    metrics.update(
-        engine_mismatch_metrics(
-            old.detach(), batch.generation_logprobs, batch.loss_mask, normalizer=token_normalizer
-        )
-    )
-    return loss, metrics
-
-
-def positive_tokens(batch: RLBatch) -> float:
-    """VAPO's normaliser: the valid tokens of the rows whose environment reward is > 0, over the
-    whole (mini)batch that the workers split (0 without rewards)."""
-    if batch.rewards is None:
-        return 0.0
-    return float((batch.loss_mask * (batch.rewards > 0).to(batch.loss_mask.dtype)[:, None]).sum())
-
-
-TRAINER_ONLY_LOSS_FIELDS = frozenset({"kl_in_reward", "seq_logprob_error_threshold"})
-"""LossConfig fields the trainer acts on; they are not arguments of the pure loss functions."""
-
-
-def loss_knobs(loss: LossConfig) -> dict[str, Any]:
-    """Keyword arguments of ``grpo_loss`` from the loss config: ``policy_loss`` picks the function,
-    the others are its hyper-parameters. With ``kl_in_reward`` the KL is in the advantages and the
-    loss gets kl_beta = 0 (it still reports the KL, the reference logprobs being in the batch)."""
-    knobs = loss.model_dump(exclude=set(TRAINER_ONLY_LOSS_FIELDS))
-    if loss.kl_in_reward:
-        knobs["kl_beta"] = 0.0
-    if loss.policy_loss == "cispo":  # the config rejects non-defaults for these
-        knobs.pop("dual_clip"), knobs.pop("ratio_level"), knobs.pop("disable_ppo_ratio")
-    return knobs
-
-
-def rl_advantages(
-    adv: AdvantageConfig,
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    *,
-    kl: torch.Tensor | None = None,
-    mask: torch.Tensor | None = None,
-    kl_beta: float = 0.0,
-    teacher_logprobs: torch.Tensor | None = None,
-    student_logprobs: torch.Tensor | None = None,
-    scored: torch.Tensor | None = None,
-    components: tuple[list[str], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Advantages for the configured estimator, [N] (or [N, T] for reinforce_pp with a KL reward and
-    for on_policy_distill).
-
-    gdpo: ``components`` = (names, [N, K]) from ``Rollouts.reward_components``, each weighted by
-    ``advantage.reward_weights[name]`` (``gdpo_weights``); ``rewards`` is then unused.
-
-    ``scored`` ([N] bool, ``Rollouts.scored``): baselines, stds and batch normalisations use the
-    scored samples only, and a sample that is unscored or in a group with fewer than two scored
-    samples gets reward advantage 0 (``compute_advantages``; the caller masks those rows).
-
-    ``kl`` ([N, T] per-token KL(π || π_ref) estimates, no gradient) puts the KL into the reward:
-    group estimators see r_i - β Σ_t KL_it (``kl_penalized_rewards``); reinforce_pp gets it per
-    token, r_i - β Σ_{s>=t} KL_is (``reinforce_pp_advantages``), as REINFORCE++ does.
-    on_policy_distill ([N, T] teacher and student log-probabilities of the sampled tokens):
-    distill_coef (log π_T - log π_S) per token, plus distill_reward_weight times the grpo advantage
-    of the (KL-penalised) rewards on every token of the sample. reinforce_pp with
-    ``advantage.minus_baseline`` subtracts each group's mean first. Then ``advantage.clip`` (or its
-    asymmetric clip_low / clip_high).
-    """
-    if adv.estimator == "on_policy_distill":
-        if teacher_logprobs is None or student_logprobs is None or mask is None:
-            raise ValueError("on_policy_distill needs teacher_logprobs, student_logprobs and mask")
-        env = None
-        if adv.distill_reward_weight > 0:
-            if kl is not None:
-                rewards = kl_penalized_rewards(rewards, kl, mask, kl_beta=kl_beta)
-            env = adv.distill_reward_weight * compute_advantages(
-                "grpo",
-                rewards,
-                group_ids,
-                scored=scored,
-                normalize_std=adv.normalize_std,
-                leave_one_out=adv.leave_one_out,
-                leave_one_out_std=adv.leave_one_out_std,
-            )
-        advantages = on_policy_distill_advantages(
-            teacher_logprobs, student_logprobs, mask, advantages=env, coefficient=adv.distill_coef
-        )
-        return clip_advantages(advantages, adv.clip, low=adv.clip_low, high=adv.clip_high)
-    if adv.estimator == "gdpo":
-        if components is None:
-            raise ValueError("advantage.estimator=gdpo needs the episodes' reward components")
-        names, matrix = components
-        advantages = compute_advantages(
-            "gdpo", rewards, group_ids, scored=scored, components=matrix,
-            weights=gdpo_weights(names, adv.reward_weights), normalize_std=adv.normalize_std,
-            leave_one_out=adv.leave_one_out, leave_one_out_std=adv.leave_one_out_std,
-        )  # fmt: skip
-        return clip_advantages(advantages, adv.clip, low=adv.clip_low, high=adv.clip_high)
-    if adv.estimator == "reinforce_pp":
-        advantages = compute_advantages(
-            "reinforce_pp", rewards, group_ids, scored=scored, kl=kl, mask=mask, kl_beta=kl_beta,
-            group_baseline=adv.minus_baseline,
-        )  # fmt: skip
-    else:
-        if kl is not None:
-            rewards = kl_penalized_rewards(rewards, kl, mask, kl_beta=kl_beta)
-        kwargs = (
-            {
-                "normalize_std": adv.normalize_std,
-                "leave_one_out": adv.leave_one_out,
-                "leave_one_out_std": adv.leave_one_out_std,
-            }
-            if adv.estimator == "grpo"
-            else {}
-        )
-        advantages = compute_advantages(adv.estimator, rewards, group_ids, scored=scored, **kwargs)
-    return clip_advantages(advantages, adv.clip, low=adv.clip_low, high=adv.clip_high)
-
-
-def gdpo_weights(names: list[str], weights: dict[str, float] | None) -> list[float]:
-    """The weight of each named reward component, in `names`' order (None: all 1). ValueError
-    unless `weights` names exactly the components the environment returned, and at least two."""
-    if len(names) < 2:
-        raise ValueError(
-            f"advantage.estimator=gdpo needs an environment that returns at least two named reward "
-            f"components (EnvStepResult.reward_components); this batch has {names or 'none'}. "
-            "Use estimator=grpo for one reward"
-        )
-    if weights is None:
-        return [1.0] * len(names)
-    if set(weights) != set(names):
-        raise ValueError(
-            f"advantage.reward_weights names {sorted(weights)}, the environment's reward components are "
-            f"{names}: give one weight per component"
-        )
-    return [float(weights[name]) for name in names]
-
-
 def apply_message_penalties(
     adv: AdvantageConfig, advantages: torch.Tensor, mask: torch.Tensor, trajectories: list[Trajectory]
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -308,26 +134,6 @@ def apply_message_penalties(
         "malformed_thinking_rate": sum(sum(t.turn_malformed_thinking) for t in trajectories) / turns,
     }
     return clip_advantages(penalised, adv.clip, low=adv.clip_low, high=adv.clip_high), metrics
-
-
-def component_reward_metrics(
-    names: list[str], matrix: torch.Tensor, scored: torch.Tensor
-) -> dict[str, float]:
-    """reward/<name>/mean for each named reward component, over the scored samples (0 when none)."""
-    rows = matrix[scored.to(torch.bool)]
-    return {
-        f"reward/{name}/mean": float(rows[:, k].mean()) if len(rows) else 0.0 for k, name in enumerate(names)
-    }
-
-
-def scored_reward_metrics(rewards: torch.Tensor, scored: torch.Tensor) -> dict[str, float]:
-    """reward/mean and reward/std (Bessel; 0 for fewer than two) over the scored samples only: an
-    unscored sample's reward 0 is no reward. reward/mean is 0 when nothing was scored."""
-    r = rewards[scored.to(torch.bool)]
-    return {
-        "reward/mean": float(r.mean()) if len(r) else 0.0,
-        "reward/std": float(r.std()) if len(r) > 1 else 0.0,
-    }
 
 
 def collect_groups(
@@ -694,18 +500,13 @@ class GRPOTrainer:
         components = rollouts.reward_components() if cfg.advantage.estimator == "gdpo" else None
         if components is not None:
             metrics.update(component_reward_metrics(*components, rollouts.scored))
-        batch.advantages = rl_advantages(
-            cfg.advantage,
-            rewards,
-            rollouts.group_ids,
-            kl=kl,
-            mask=batch.loss_mask,
-            kl_beta=loss.kl_beta,
-            teacher_logprobs=teacher_lp,
-            student_logprobs=student_lp,
-            scored=rollouts.scored,
-            components=components,
-        )
+        names, matrix = components if components is not None else ((), None)
+        inputs = AdvantageInputs(
+            rewards, rollouts.group_ids, mask=batch.loss_mask, scored=rollouts.scored, kl=kl,
+            kl_beta=loss.kl_beta, teacher_logprobs=teacher_lp, student_logprobs=student_lp,
+            components=matrix, component_names=tuple(names),
+        )  # fmt: skip
+        batch.advantages = estimate_advantages(cfg.advantage, inputs)
         batch.advantages, penalty_metrics = apply_message_penalties(
             cfg.advantage, batch.advantages, batch.loss_mask, rollouts.trajectories
         )

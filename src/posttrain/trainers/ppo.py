@@ -32,8 +32,9 @@ import torch
 from posttrain.algorithms.advantages import clip_advantages, raw_reward_advantages
 from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards, whiten
-from posttrain.algorithms.metrics import accumulate_metrics
-from posttrain.algorithms.policy_loss import kl_estimate
+from posttrain.algorithms.kl import kl_estimate
+from posttrain.algorithms.metrics import accumulate_metrics, scored_reward_metrics
+from posttrain.algorithms.rl_loss import grpo_loss, positive_tokens
 from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 from posttrain.config.schema import PPOConfig
 from posttrain.data.batching import concat_batches
@@ -45,7 +46,7 @@ from posttrain.distributed.critic_group import (
 )
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
 from posttrain.trainers.common import latest_values, save_controller_state
-from posttrain.trainers.grpo import GRPOResult, GRPOTrainer, grpo_loss, positive_tokens, scored_reward_metrics
+from posttrain.trainers.grpo import GRPOResult, GRPOTrainer
 
 PLOTS = [
     "reward/mean",
