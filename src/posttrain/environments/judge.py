@@ -31,6 +31,8 @@ the sample out of the loss (`scored=False`, reward 0) instead of scoring it 0. V
 by the exact judge prompt (LRU, `cache_size` entries): a repeated judge prompt, in a later step or
 in the same batch, is not sent again.
 
+The prompts, verdict patterns and parsers are in `posttrain.environments.judge_prompts`.
+
 Backends (`posttrain.environments.judge_backends`): "transformers" (a local model, greedy; with
 `actor=True` in its own Ray actor reserving `actor_cpus` / `actor_gpus`), "http" (an OpenAI-compatible
 `/chat/completions` endpoint: timeouts, retries with backoff, bounded concurrency), or any object
@@ -54,7 +56,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from posttrain.data.boxed import extract_last_boxed
 from posttrain.environments.interface import (
     EnvStepResult,
     Message,
@@ -70,6 +71,26 @@ from posttrain.environments.judge_backends import (
     TransformersJudge,
     failure_of,
 )
+from posttrain.environments.judge_prompts import (
+    DEFAULT_PATTERN,
+    DEFAULT_PROMPT,
+    PAIRWISE_LABELS,
+    PAIRWISE_PATTERN,
+    PAIRWISE_PROMPT,
+    REFERENCE_LABELS,
+    REFERENCE_PATTERN,
+    REFERENCE_PROMPT,
+    Mode,
+    boxed_equals,
+    neutralise,
+    normalise,
+    parse_label,
+    parse_score,
+    prompt_key,
+    question_of,
+    reference_block,
+    reference_of,
+)
 
 __all__ = [
     "DEFAULT_PATTERN",
@@ -82,91 +103,6 @@ __all__ = [
     "parse_label",
     "parse_score",
 ]
-
-DEFAULT_PROMPT = (
-    "Rate the assistant's answer to the question below from {min_score} (useless) to {max_score} "
-    "(perfect), for correctness and helpfulness.{reference_block}\n\n"
-    "Question:\n{question}\n\nAnswer:\n{reply}\n\n"
-    "Give a one-sentence reason, then end with a line 'Score: <number>'."
-)
-DEFAULT_PATTERN = r"[Ss]core\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)(?!\w|\.\d)"
-
-PAIRWISE_PROMPT = (
-    "Two assistants answered the question below. Which answer is better, for correctness and "
-    "helpfulness?{reference_block}\n\nQuestion:\n{question}\n\n"
-    "Answer A:\n{reply_a}\n\nAnswer B:\n{reply_b}\n\n"
-    "Give a one-sentence reason, then end with a line 'Winner: A', 'Winner: B' or 'Winner: tie'."
-)
-PAIRWISE_PATTERN = r"[Ww]inner\s*[:=]\s*\**\s*(?:[Aa]nswer\s+)?(A|B|[Tt]ie|TIE)\b"
-PAIRWISE_LABELS = {"a": 1.0, "b": 0.0, "tie": 0.5}  # the points of answer A
-
-REFERENCE_PROMPT = (
-    "Does the answer below give the same final result as the reference answer? Ignore wording "
-    "and formatting.\n\nQuestion:\n{question}\n\nReference answer:\n{reference}\n\n"
-    "Answer:\n{reply}\n\nGive a one-sentence reason, then end with a line 'Verdict: yes' or 'Verdict: no'."
-)
-REFERENCE_PATTERN = r"[Vv]erdict\s*[:=]\s*\**\s*([Yy]es|YES|[Nn]o|NO)\b"
-REFERENCE_LABELS = {"yes": 1.0, "no": 0.0}
-
-Mode = Literal["pointwise", "pairwise", "reference"]
-
-
-def parse_score(
-    text: str, pattern: str = DEFAULT_PATTERN, min_score: float = 1, max_score: float = 10
-) -> float | None:
-    """The last number `pattern` captures in `text`, if within [min_score, max_score]; else None."""
-    matches = re.findall(pattern, text or "")
-    if not matches:
-        return None
-    last = matches[-1]
-    try:
-        value = float(last if isinstance(last, str) else last[0])
-    except ValueError:
-        return None
-    if not min_score <= value <= max_score:  # also rejects nan
-        return None
-    return value
-
-
-def parse_label(text: str, pattern: str, labels: dict[str, float]) -> float | None:
-    """The value of the last label `pattern` captures in `text` (case-folded key of `labels`); None
-    when there is none or it is not a known label."""
-    matches = re.findall(pattern, text or "")
-    if not matches:
-        return None
-    last = matches[-1]
-    return labels.get((last if isinstance(last, str) else last[0]).strip().casefold())
-
-
-VERDICT_REMOVED = "[verdict removed]"
-
-
-def neutralise(text: str, pattern: str) -> str:
-    """`text` (a policy's reply, before the judge reads it) with every match of the verdict
-    `pattern` replaced by "[verdict removed]", until none is left: a judge that quotes the reply
-    cannot then end on a verdict the reply wrote ("Score: 10"). Other text is unchanged."""
-    for _ in range(len(text) + 1):
-        cleaned = re.sub(pattern, VERDICT_REMOVED, text)
-        if cleaned == text:
-            return text
-        text = cleaned
-    return text
-
-
-def normalise(score: float, min_score: float, max_score: float) -> float:
-    """`score` in [min_score, max_score] mapped linearly to [0, 1]."""
-    return (score - min_score) / (max_score - min_score)
-
-
-def _question(log: list[Message]) -> str:
-    """The first user message's content."""
-    return next((m.get("content") or "" for m in log if m.get("role") == "user"), "")
-
-
-def _prompt_key(log: list[Message]) -> tuple:
-    """The conversation before the last assistant message (samples of one GRPO group share it)."""
-    last = max((i for i, m in enumerate(log) if m.get("role") == "assistant"), default=len(log))
-    return tuple((m.get("role"), str(m.get("content"))) for m in log[:last])
 
 
 @dataclass
@@ -339,8 +275,8 @@ class JudgeEnvironment:
 
     @staticmethod
     def group_key(log: list[Message], meta: dict[str, Any]) -> tuple:
-        """The samples pairwise mode compares with each other: those with one prompt (`_prompt_key`)."""
-        return _prompt_key(log)
+        """The samples pairwise mode compares with each other: those with one prompt (`prompt_key`)."""
+        return prompt_key(log)
 
     # ------------------------------------------------------------------ prompts
     def judge_prompt(self, log: list[Message], meta: dict[str, Any]) -> str:
@@ -349,12 +285,12 @@ class JudgeEnvironment:
         reply = neutralise(last_assistant_content(log), self.pattern)
         if self.mode == "reference":
             return self.prompt_template.format(
-                question=_question(log), reply=reply, reference=_reference(meta)
+                question=question_of(log), reply=reply, reference=reference_of(meta)
             )
         return self.prompt_template.format(
-            question=_question(log),
+            question=question_of(log),
             reply=reply,
-            reference_block=_reference_block(meta),
+            reference_block=reference_block(meta),
             min_score=self.min_score,
             max_score=self.max_score,
         )
@@ -363,10 +299,10 @@ class JudgeEnvironment:
         """The judge's user message comparing reply A (of `log_a`) with reply B (of `log_b`), both
         `neutralise`d."""
         return self.prompt_template.format(
-            question=_question(log_a),
+            question=question_of(log_a),
             reply_a=neutralise(last_assistant_content(log_a), self.pattern),
             reply_b=neutralise(last_assistant_content(log_b), self.pattern),
-            reference_block=_reference_block(meta),
+            reference_block=reference_block(meta),
         )
 
     # ------------------------------------------------------------------ the judge, cached
@@ -430,7 +366,7 @@ class JudgeEnvironment:
             rewards, scored, infos, latency, sent = self._per_sample(message_logs, metadata)
         for log, meta, info in zip(message_logs, metadata, infos, strict=True):
             if meta.get("answer") is not None:
-                info["correct"] = _boxed_equals(last_assistant_content(log), meta["answer"])
+                info["correct"] = boxed_equals(last_assistant_content(log), meta["answer"])
         out = EnvStepResult.final(rewards, metadata, infos)
         out.scored = scored
         if infos:
@@ -446,7 +382,7 @@ class JudgeEnvironment:
         verified = [False] * len(logs)
         if self.mode == "reference":
             for k, meta in enumerate(metadata):
-                _reference(meta, k)
+                reference_of(meta, k)
             verified = self._verify(logs, metadata)
         to_judge = [k for k, ok in enumerate(verified) if not ok]
         verdicts, latency, sent = self.judge([self.judge_prompt(logs[k], metadata[k]) for k in to_judge])
@@ -485,7 +421,7 @@ class JudgeEnvironment:
         """Reference mode: whether the verifier accepts each reply (all False without a verifier)."""
         if self._verifier is None:
             return [False] * len(logs)
-        answers = [{"answer": str(_reference(meta))} for meta in metadata]
+        answers = [{"answer": str(reference_of(meta))} for meta in metadata]
         result = self._verifier.step(logs, answers)
         return [bool(i.get("correct")) for i in result.info]
 
@@ -495,7 +431,7 @@ class JudgeEnvironment:
         """Every pair of samples with the same prompt, judged in both orders; reward = win rate."""
         groups: dict[tuple, list[int]] = {}
         for k, log in enumerate(logs):
-            groups.setdefault(_prompt_key(log), []).append(k)
+            groups.setdefault(prompt_key(log), []).append(k)
         points, comparisons = [0.0] * len(logs), [0] * len(logs)
         tallies = [_Tally() for _ in logs]
         orders: list[tuple[int, int]] = []  # (sample in position A, sample in position B)
@@ -531,7 +467,7 @@ class JudgeEnvironment:
             info: dict[str, Any] = {"judge_win_rate": rewards[k] if comparisons[k] else None}
             info.update(tallies[k].info(), judge_comparisons=comparisons[k], **_consistency(outcome, k))
             if not comparisons[k]:  # nothing judged: alone in its group, a failed judge, or no verdict
-                alone = len(groups[_prompt_key(logs[k])]) == 1
+                alone = len(groups[prompt_key(logs[k])]) == 1
                 info["judge_error"] = "no_comparison" if alone else errors.get(k, "parse_failure")
             infos.append(info)
         return rewards, [n > 0 for n in comparisons], infos, latency, sent
@@ -594,25 +530,3 @@ def _consistency(outcome: dict[tuple[int, int], float | None], k: int) -> dict[s
         pairs += 1
         consistent += value == 1.0 - swapped
     return {"judge_pairs": pairs, "judge_consistent_pairs": consistent}
-
-
-def _reference(meta: dict[str, Any], k: int | None = None) -> Any:
-    """The task's reference answer: its `reference`, else its `answer`."""
-    value = meta.get("reference", meta.get("answer"))
-    if value is None:
-        where = f"sample {k} " if k is not None else ""
-        raise ValueError(
-            f"reference-mode judging needs metadata['reference'] or ['answer']; {where}has {sorted(meta)}"
-        )
-    return value
-
-
-def _reference_block(meta: dict[str, Any]) -> str:
-    reference = meta.get("reference")
-    return f"\n\nA reference answer:\n{reference}" if reference else ""
-
-
-def _boxed_equals(reply: str, answer: Any) -> bool:
-    """The last \\boxed{} equals the answer as a string (ground truth for `env/accuracy`)."""
-    boxed = extract_last_boxed(reply)
-    return boxed is not None and boxed.strip() == str(answer).strip()
