@@ -16,13 +16,14 @@ from posttrain.config.schema import DistillConfig, OptimizerConfig, PolicyConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.student import DistillBatch, StudentActor
+from posttrain.distributed.teacher_group import TokenizerMismatchError, check_same_tokenizer
 from posttrain.generation.sampling import SamplingParams
 from posttrain.models.distill_logprobs import (
     PositionInputs,
     student_topk_from_rows,
     teacher_topk_chunk,
 )
-from posttrain.models.teacher import Teacher, TokenizerMismatchError, check_same_tokenizer
+from posttrain.models.teacher import Teacher
 from posttrain.rollout.rollout import build_rl_batch
 from posttrain.trainers.distill import distill_loss_fn, run_distill
 

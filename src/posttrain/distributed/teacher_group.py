@@ -1,17 +1,25 @@
 """Worker groups of on-policy distillation: the student (an `ActorGroup` of `StudentActor`s) and the
 teacher, either its own workers (split: Ray actors with their own CPUs / GPU, or one in-process
 worker with cluster.backend=local) or held inside the student's workers (colocated, like the
-reference model). Either way the teacher sends back only its top-k per scored position."""
+reference model). Either way the teacher sends back only its top-k per scored position.
+
+`prepare_teacher` resolves the configured teacher like any model source (`posttrain.checkpoint.export.
+resolve_model_source`: an alias, a Hugging Face folder, a hub id, or a posttrain checkpoint / run
+directory) and checks that its tokenizer is the student's (`check_same_tokenizer`)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+from posttrain.checkpoint.export import resolve_model_source
 from posttrain.config.schema import ClusterConfig, TeacherConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.distributed.student import StudentActor
 from posttrain.distributed.workers import Workers, make_workers
+from posttrain.errors import MissingFileError, UserError
 from posttrain.models.distill_logprobs import TeacherTopK
 from posttrain.models.teacher import Teacher
 
@@ -32,6 +40,91 @@ def teacher_worker_kwargs(cfg: TeacherConfig, *, model_path: str, vocab_size: in
         packed=cfg.packed_sequences,
         vocab_size=vocab_size,
     )
+
+
+class TokenizerMismatchError(UserError):
+    """The teacher's tokenizer is not the student's: their token ids do not mean the same strings."""
+
+
+def resolve_teacher(name: str | None, tokenizer_name: str | None = None) -> tuple[str, str]:
+    """(model folder or hub id, tokenizer) of the configured teacher: an alias, an HF folder, a hub id,
+    or a posttrain checkpoint (a step_* folder, or a run directory: its latest checkpoint)."""
+    if not name:
+        raise UserError(
+            "teacher.model_name is not set: pass the teacher on the command line, e.g. "
+            "`posttrain distill teacher.model_name=runs/grpo` (a posttrain run directory or checkpoint, an "
+            "HF folder or a hub id with the student's tokenizer)"
+        )
+    looks_local = name.startswith(("/", ".", "~")) or name.startswith("runs" + os.sep)
+    if looks_local and not Path(name).expanduser().exists():
+        raise MissingFileError(f"teacher.model_name={name}: no such file or directory")
+    source = resolve_model_source(name, tokenizer_name)
+    return source.model, source.tokenizer
+
+
+def check_same_tokenizer(student: Any, teacher: Any, *, student_name: str, teacher_name: str) -> None:
+    """Raise TokenizerMismatchError unless both tokenizers map the same strings to the same ids (with the
+    same special tokens): the teacher's top-k ids index the student's vocabulary."""
+    s_vocab, t_vocab = student.get_vocab(), teacher.get_vocab()
+    problems = []
+    if len(s_vocab) != len(t_vocab):
+        problems.append(f"{len(s_vocab)} tokens for the student, {len(t_vocab)} for the teacher")
+    differing = [tok for tok, i in s_vocab.items() if t_vocab.get(tok) != i]
+    if differing:
+        tok = min(differing, key=lambda t: s_vocab[t])
+        problems.append(
+            f"{len(differing)} tokens have other ids, e.g. {tok!r} is id {s_vocab[tok]} for the student and "
+            f"{t_vocab.get(tok, 'absent')} for the teacher"
+        )
+    for attr in ("eos_token_id", "bos_token_id"):
+        if getattr(student, attr, None) != getattr(teacher, attr, None):
+            problems.append(
+                f"{attr}: {getattr(student, attr, None)} for the student, {getattr(teacher, attr, None)} "
+                "for the teacher"
+            )
+    if problems:
+        raise TokenizerMismatchError(
+            f"the teacher ({teacher_name}) does not share the student's tokenizer ({student_name}): "
+            + "; ".join(problems)
+            + ". Top-k distillation compares the two models' distributions token id by token id; choose a "
+            "teacher of the student's family (or set teacher.tokenizer_name if only its folder lacks the "
+            "right tokenizer)"
+        )
+
+
+def model_vocab_size(path: str) -> int | None:
+    """The number of rows of a model's output layer, from its config (None if it does not say)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return getattr(config, "vocab_size", None)
+
+
+def prepare_teacher(
+    model_name: str | None,
+    tokenizer_name: str | None,
+    *,
+    student_tokenizer: Any,
+    student_path: str,
+    student_name: str,
+) -> tuple[str, int | None]:
+    """(the teacher's model folder, the vocabulary size to cut its logits to or None) after checking
+    that its tokenizer is the student's. The teacher's extra output rows (a larger padded embedding)
+    are ids the student cannot produce, so its logits are cut to the student's vocabulary."""
+    from posttrain.modeling.tokenizer import load_tokenizer
+
+    teacher_path, teacher_tokenizer = resolve_teacher(model_name, tokenizer_name)
+    check_same_tokenizer(
+        student_tokenizer,
+        load_tokenizer(teacher_tokenizer),
+        student_name=student_name,
+        teacher_name=str(model_name),
+    )
+    student_vocab, teacher_vocab = model_vocab_size(student_path), model_vocab_size(teacher_path)
+    cut = student_vocab if student_vocab and teacher_vocab and teacher_vocab > student_vocab else None
+    return teacher_path, cut
 
 
 class TeacherGroup:

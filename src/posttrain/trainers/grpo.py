@@ -53,7 +53,12 @@ from posttrain.data.batching import EpochSampler
 from posttrain.data.tasks import Task
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import check_refit
-from posttrain.distributed.teacher_group import StudentGroup, TeacherGroup, teacher_worker_kwargs
+from posttrain.distributed.teacher_group import (
+    StudentGroup,
+    TeacherGroup,
+    prepare_teacher,
+    teacher_worker_kwargs,
+)
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.environments.interface import check_verifier_errors
 from posttrain.errors import WorkerLostError
@@ -63,7 +68,6 @@ from posttrain.logging import MetricsLogger, Timer
 from posttrain.logging.plots import plot_run
 from posttrain.logging.progress import staged
 from posttrain.modeling.tokenizer import training_tokenizer
-from posttrain.models.teacher import prepare_teacher
 from posttrain.rollout.agent import run_agent_rollouts
 from posttrain.rollout.rollout import (
     RLBatch,
