@@ -172,12 +172,12 @@ class PosttrainSide:
 
     def upcoming_problems(self, n_steps: int) -> list[Any]:
         """The problems the next `n_steps` steps will draw, in order (a copy of the sampler is advanced)."""
-        sampler = copy.deepcopy(self.trainer.sampler)
-        return [self.trainer.train_problems[i] for _ in range(n_steps) for i in sampler.next_batch()]
+        sampler = copy.deepcopy(self.trainer.runtime.sampler)
+        return [self.trainer.runtime.train_problems[i] for _ in range(n_steps) for i in sampler.next_batch()]
 
     def run_step(self) -> dict[str, float]:
         t = self.trainer
-        t.timer.pop()
+        t.runtime.timer.pop()
         cpu_start, start = time.process_time(), time.perf_counter()
         rollouts, _ = t.collect(self.step)
         t_collect = time.perf_counter()
@@ -186,7 +186,7 @@ class PosttrainSide:
         train_metrics = t.train_on(batch)
         end, cpu_end = time.perf_counter(), time.process_time()
         self.step += 1
-        phases = t.timer.pop()
+        phases = t.runtime.timer.pop()
         record = {
             "step": end - start,
             "cpu": cpu_end - cpu_start,
@@ -463,7 +463,7 @@ def main() -> int:
         print(f"posttrain optimizer: {type(optimizer).__name__} ({kind})")
     system = pt.cfg.data.system_prompt
     print(
-        f"prompts (both sides): {len(pt.trainer.train_problems)} problems, system prompt {system!r}, e.g. "
+        f"prompts (both sides): {len(pt.trainer.runtime.train_problems)} problems, system prompt {system!r}, e.g. "
         f"{problems[0]['messages'][-1]['content']!r}; reward (both sides): {pt.cfg.environment.name} "
         f"environment {pt.cfg.environment.kwargs}",
         flush=True,
@@ -508,7 +508,7 @@ def main() -> int:
     )
     # start both verifiers (math-verify subprocesses start lazily, at the first boxed answer) before any step
     boxed = [[{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "\\boxed{2}"}]]
-    pt.trainer.environment.step(boxed, [{"answer": "2"}])
+    pt.trainer.runtime.environment.step(boxed, [{"answer": "2"}])
     reward([boxed[0][:1]], [boxed[0][1:]], ["2"])
     reward.calls.clear()
     trl_trainer.add_callback(make_step_callback(trl_trainer, trl_phases, trl_records, after_trl_step))

@@ -10,7 +10,7 @@ import torch
 
 from posttrain.errors import WorkerLostError
 from posttrain.trainers.grpo import GRPOTrainer
-from posttrain.trainers.grpo_async import STATE_FILE
+from posttrain.trainers.rl.asynchronous import STATE_FILE
 
 
 def _cfg(tiny_model_dir, run_dir, **extra):

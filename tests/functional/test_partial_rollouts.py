@@ -102,7 +102,7 @@ def test_async_run_with_partial_rollouts_records_token_versions(tiny_model_dir, 
     from conftest import grpo_test_config
 
     from posttrain.trainers.grpo import GRPOTrainer
-    from posttrain.trainers.grpo_async import STATE_FILE
+    from posttrain.trainers.rl.asynchronous import STATE_FILE
 
     cfg = grpo_test_config(
         tiny_model_dir,

@@ -7,9 +7,9 @@ import torch
 
 from posttrain.algorithms.importance import importance_weights
 from posttrain.algorithms.metrics import importance_ratio_stats
+from posttrain.data.trajectory import Trajectory
 from posttrain.rollout.replay_buffer import RolloutGroup
-from posttrain.rollout.rollout import Trajectory
-from posttrain.trainers.grpo_async import age_metrics, exactly_on_policy
+from posttrain.trainers.rl.asynchronous import age_metrics, exactly_on_policy
 
 
 def test_exactly_on_policy_only_when_every_row_has_the_trainers_version():
@@ -100,7 +100,7 @@ def test_partial_rollout_trajectory_is_as_old_as_its_oldest_token():
     """A trajectory whose tokens came from versions 3 then 5 is version 3 (its age counts from there),
     its group takes its oldest trajectory's version, and the batch is not on-policy at version 5."""
     from posttrain.rollout.rollout import Rollouts
-    from posttrain.trainers.grpo_async import group_rollouts
+    from posttrain.trainers.rl.asynchronous import group_rollouts
 
     def traj(group_id, versions):
         return Trajectory([1] * 3, [1] * 3, [0.0] * 3, [], {}, group_id, token_versions=versions)
@@ -168,7 +168,7 @@ def test_mismatch_and_staleness_hand_worked():
 
 def test_async_step_reports_engine_mismatch_on_fresh_rows_and_staleness_apart():
     from posttrain.algorithms.rl_loss import grpo_loss
-    from posttrain.trainers.grpo_async import logprob_gap_metrics
+    from posttrain.trainers.rl.asynchronous import logprob_gap_metrics
 
     b = _gap_batch()
     current = torch.nan_to_num(b.old_logprobs).requires_grad_(True)  # the policy's forward

@@ -3,12 +3,14 @@
 import pytest
 
 from posttrain.config import ConfigError, load_config
+from posttrain.config.rl import RLLoopConfig
 from posttrain.config.schema import PPOConfig
 
 
 def test_defaults_one_sample_per_prompt_and_the_shared_loop_name():
     cfg = PPOConfig()
-    assert cfg.ppo.generations_per_prompt == 1 and cfg.grpo is cfg.ppo
+    # the loop section is PPO's own, an RLLoopConfig (no `grpo` alias: #31)
+    assert cfg.ppo.generations_per_prompt == 1 and isinstance(cfg.ppo, RLLoopConfig)
     critic = cfg.critic.policy_config(cfg.policy)
     assert critic.model_name == cfg.policy.model_name and critic.optimizer.lr == cfg.critic.optimizer.lr
     assert critic.max_seq_len == cfg.policy.max_seq_len

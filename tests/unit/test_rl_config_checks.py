@@ -8,6 +8,7 @@ import warnings
 import pytest
 
 from posttrain.config import ALGORITHM_CONFIGS, ConfigError, load_config
+from posttrain.config.rl import RLLoopConfig
 from posttrain.config.schema import ConfigWarning, DistillConfig, GRPOConfig, PPOConfig, RLChecks
 
 RL_CONFIGS = {"grpo": GRPOConfig, "ppo": PPOConfig, "distill": DistillConfig}
@@ -24,7 +25,7 @@ def test_every_rl_config_runs_the_shared_checks():
     assert set(RL_CONFIGS) <= set(rl)
     for name, cls in rl.items():
         assert issubclass(cls, RLChecks), name
-        assert cls.LOOP == name and isinstance(getattr(cls(), cls.LOOP), type(cls().grpo)), name
+        assert cls.LOOP == name and isinstance(getattr(cls(), cls.LOOP), RLLoopConfig), name
 
 
 @pytest.mark.parametrize("loop", RL_IDS)
@@ -58,7 +59,7 @@ def test_every_rl_config_checks_the_minibatch_split_with_one_message(loop):
         rf"policy worker\(s\).* Set {loop}\.updates_per_batch to one of \[1, 2, 4\]",
     ):
         _load(loop, [*base, f"{loop}.updates_per_batch=3"])
-    assert _load(loop, [*base, f"{loop}.updates_per_batch=4"]).grpo.updates_per_batch == 4
+    assert getattr(_load(loop, [*base, f"{loop}.updates_per_batch=4"]), loop).updates_per_batch == 4
 
 
 @pytest.mark.parametrize("loop", RL_IDS)

@@ -6,16 +6,22 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from posttrain.config.common import CheckpointConfig, ClusterConfig, LoggingConfig, PolicyConfig, Strict
-from posttrain.config.rl import RL_CHECKPOINT, RL_POLICY, GRPODataConfig, RLChecks, TeacherConfig
+from posttrain.config.common import CheckpointConfig, ClusterConfig, LoggingConfig, PolicyConfig
+from posttrain.config.rl import (
+    RL_CHECKPOINT,
+    RL_POLICY,
+    GRPODataConfig,
+    RLChecks,
+    RLLoopConfig,
+    TeacherConfig,
+)
 from posttrain.config.rollout import EnvironmentConfig, GenerationConfig
 
 
-class DistillTrainerConfig(Strict):
+class DistillTrainerConfig(RLLoopConfig):
     """The loop and the loss of on-policy distillation (see posttrain.algorithms.distillation)."""
 
     max_steps: int = Field(20, gt=0)
-    prompts_per_step: int = Field(8, gt=0)
     generations_per_prompt: int = Field(4, gt=0, description="Student samples per prompt.")
     updates_per_batch: int = Field(
         1, gt=0, description="Optimizer steps per batch of samples (1 = exactly on-policy)."
@@ -41,10 +47,6 @@ class DistillTrainerConfig(Strict):
     mixed_kl_weight: float = Field(0.5, ge=0, le=1, description="mixed_kl: the weight of the forward KL.")
     jsd_beta: float = Field(0.5, gt=0, lt=1, description="jsd: β, the teacher's weight in the mixture.")
     val_every: int = Field(5, gt=0)
-    val_at_start: bool = True
-    val_samples_per_prompt: int = Field(1, gt=0, description="n for pass@k on validation.")
-    val_temperature: float = Field(0.0, ge=0, description="0 = greedy.")
-    seed: int = 0
 
 
 class DistillConfig(RLChecks):
@@ -66,8 +68,3 @@ class DistillConfig(RLChecks):
     cluster: ClusterConfig = ClusterConfig()
     checkpoint: CheckpointConfig = RL_CHECKPOINT
     logging: LoggingConfig = LoggingConfig()
-
-    @property
-    def grpo(self) -> DistillTrainerConfig:
-        """The loop settings under the name the shared RL phases (GRPOTrainer's) read."""
-        return self.distill

@@ -20,8 +20,8 @@ from posttrain.config.rl import (
     RL_CHECKPOINT,
     RL_POLICY,
     GRPODataConfig,
-    GRPOTrainerConfig,
     RLChecks,
+    RLLoopConfig,
     check_minibatches,
 )
 from posttrain.config.rollout import EnvironmentConfig, GenerationConfig
@@ -118,8 +118,9 @@ class GAEConfig(Strict):
     )
 
 
-class PPOTrainerConfig(GRPOTrainerConfig):
-    """The PPO loop: prompts and samples per step, critic warm-up, epochs and minibatches."""
+class PPOTrainerConfig(RLLoopConfig):
+    """The PPO loop: prompts and samples per step, critic warm-up, epochs and minibatches (no
+    asynchronous rollouts: the critic's values and π_old assume on-policy batches)."""
 
     prompts_per_step: int = Field(32, gt=0)
     generations_per_prompt: int = Field(
@@ -170,23 +171,8 @@ class PPOConfig(RLChecks):
     checkpoint: CheckpointConfig = RL_CHECKPOINT
     logging: LoggingConfig = LoggingConfig(run_dir="runs/ppo")
 
-    @property
-    def grpo(self) -> PPOTrainerConfig:
-        """The loop settings under the name the shared RL phases (GRPOTrainer's) read."""
-        return self.ppo
-
-    @property
-    def teacher(self) -> None:
-        """PPO has no on-policy-distillation teacher (GRPOTrainer's setup reads this)."""
-        return None
-
     @model_validator(mode="after")
     def _consistent(self) -> PPOConfig:
-        if self.ppo.async_mode:
-            raise ValueError(
-                "ppo.async_mode=true: asynchronous rollouts are not supported by PPO yet (its critic's "
-                "values and the policy's pi_old assume on-policy batches); set it to false"
-            )
         if self.dapo.dynamic_sampling:
             raise ValueError(
                 "dapo.dynamic_sampling drops groups whose rewards are all equal, which PPO's critic "

@@ -36,10 +36,14 @@ class GRPODataConfig(SplitsConfig):
     system_prompt: str | None = "Put the final answer in \\boxed{}."
 
 
-class GRPOTrainerConfig(Strict):
+class RLLoopConfig(Strict):
+    """The loop settings every RL algorithm has (the RL runtime reads them): how long, how many
+    prompts and samples per step, updates per batch, validation, the seed. Each algorithm's section
+    (grpo, ppo, distill, ...) is this plus its own settings, with its own defaults where they differ."""
+
     max_steps: int = Field(40, gt=0)
     prompts_per_step: int = Field(8, gt=0)
-    generations_per_prompt: int = Field(4, gt=1, description="G, the group size.")
+    generations_per_prompt: int = Field(4, gt=0, description="Samples per prompt.")
     updates_per_batch: int = Field(
         1, gt=0, description="Optimizer steps per rollout batch (1 = exactly on-policy)."
     )
@@ -48,6 +52,10 @@ class GRPOTrainerConfig(Strict):
     val_samples_per_prompt: int = Field(1, gt=0, description="n for pass@k on validation.")
     val_temperature: float = Field(0.0, ge=0, description="0 = greedy.")
     seed: int = 0
+
+
+class GRPOTrainerConfig(RLLoopConfig):
+    generations_per_prompt: int = Field(4, gt=1, description="G, the group size.")
     async_mode: bool = Field(
         False,
         description="Asynchronous GRPO (docs/async.md): generation workers keep producing rollout groups "
@@ -127,12 +135,12 @@ class TeacherConfig(Strict):
 # ----------------------------------------------------------------- the RL configs' shared checks
 def check_rl_config(cfg: Any, loop: str) -> None:
     """The checks every RL config (GRPOConfig, PPOConfig, DistillConfig) runs, in one place so that
-    they cannot drift apart. `loop`: the name of its loop section (grpo, ppo, distill); `cfg.grpo` is
-    that section under the name the shared trainer reads. Raises ValueError; warns with ConfigWarning."""
+    they cannot drift apart. `loop`: the name of its loop section (grpo, ppo, distill, ...), an
+    `RLLoopConfig`. Raises ValueError; warns with ConfigWarning."""
     cfg.generation.check_lora_adapter(cfg.policy.lora)
     if cfg.generation.placement == "split":
         cfg.generation.check_refit_transport(cfg.cluster, sharded=cfg.policy.split_weights)
-    check_minibatches(loop, cfg.grpo, cfg.cluster.policy_workers(), "policy")
+    check_minibatches(loop, getattr(cfg, loop), cfg.cluster.policy_workers(), "policy")
     check_episode_budget(cfg)
     teacher = getattr(cfg, "teacher", None)
     if teacher is not None and cfg.cluster.backend == "local" and teacher.num_workers > 1:
@@ -182,7 +190,7 @@ def check_minibatches(loop: str, section: Any, workers: int, role: str) -> None:
 
 def generation_logprob_uses(cfg: Any, loop: str) -> list[str]:
     """What feeds the generator's logprobs into the loss or the advantages (not only into metrics)."""
-    loss, section = cfg.loss, cfg.grpo
+    loss, section = cfg.loss, getattr(cfg, loop)
     uses = []
     if loss.importance_correction is not None:
         uses.append(f"loss.importance_correction={loss.importance_correction} weights by π_old / π_gen")

@@ -10,27 +10,28 @@ One step:
      mixed KL or generalised JSD over the top-k, with a tail bucket or renormalised; see
      posttrain.algorithms.distillation) at its generated tokens, normalised by the GLOBAL token count.
 No rewards, advantages or reference model enter the loss; the environment's rewards are logged.
-Everything but the batch and the loss is GRPO's (`DistillTrainer` subclasses `GRPOTrainer`): the
-rollouts (any environment, several turns, no turn barrier), refits and their parity gate, validation,
-checkpoints and the loop. Generation uses the training weights in place (colocated) or separate
+Everything but the batch and the loss is the RL runtime's (`posttrain.trainers.rl.runtime`;
+`DistillTrainer` is GRPO's sibling, not its subclass): the rollouts (any environment, several turns,
+no turn barrier), refits and their parity gate, validation, checkpoints and the loop. Generation uses the training weights in place (colocated) or separate
 workers refitted after every update (split).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from pathlib import Path
 
 import torch
 
 from posttrain.algorithms.distillation import distillation_loss
 from posttrain.algorithms.metrics import scored_reward_metrics
-from posttrain.config.schema import DistillConfig
+from posttrain.config.schema import DistillConfig, TeacherConfig
 from posttrain.distributed.student import DistillBatch
 from posttrain.distributed.teacher_group import StudentGroup
 from posttrain.models.distill_logprobs import StudentTopK
 from posttrain.rollout.rollout import Rollouts, build_rl_batch
-from posttrain.trainers.grpo import GRPOResult, GRPOTrainer
+from posttrain.trainers.rl.protocol import PolicyWorkers
+from posttrain.trainers.rl.runtime import RLResult, RLRuntime
 
 PLOTS = [
     "distill/divergence",
@@ -97,55 +98,69 @@ def distill_loss_fn(
     return loss, metrics
 
 
-DistillResult = GRPOResult
+DistillResult = RLResult
 
 
-class DistillTrainer(GRPOTrainer):
-    """GRPO's trainer with a teacher's top-k in the batch instead of advantages, and a divergence as
-    the loss. The loop settings live under `distill` (`DistillConfig.grpo` names them for the shared
-    phases)."""
+class DistillTrainer:
+    """On-policy distillation as an `RLAlgorithm`: a teacher's top-k in the batch instead of
+    advantages, and a divergence as the loss. `DistillTrainer(cfg)` builds the runtime that runs it
+    (`self.runtime`: the student's workers, which may hold the teacher, or the teacher's own)."""
 
-    algorithm = "distill"
+    name = "distill"
     run_kind = "distill"
     plots = PLOTS
-    policy_group_cls = StudentGroup  # trains on the top-k divergence (and may hold the teacher)
 
-    def needs_reference(self) -> bool:
-        return False
-
-    def make_loss_knobs(self) -> dict[str, Any]:
-        d = self.cfg.distill
-        return dict(
+    def __init__(self, cfg: DistillConfig) -> None:
+        self.cfg, self.loop, self.async_mode = cfg, cfg.distill, False
+        d = cfg.distill
+        self.loss_fn_knobs = dict(
             divergence=d.loss, top_k_mode=d.top_k_mode, mixed_kl_weight=d.mixed_kl_weight, jsd_beta=d.jsd_beta
         )
+        self.runtime = RLRuntime(cfg, self)
+        self.tokenizer, self.teacher = self.runtime.tokenizer, self.runtime.teacher
 
-    def async_mode(self) -> bool:
-        return False
+    # ---------------------------------------------------------------- what the runtime builds
+    def teacher_config(self) -> TeacherConfig:
+        return self.cfg.teacher
 
-    def run_description(self) -> str:
+    def policy_workers(self, model_path: str) -> PolicyWorkers:
+        """The student's workers (they train on the top-k divergence); no π_ref."""
+        d = self.cfg.distill
+        return PolicyWorkers(StudentGroup, d.max_steps * d.updates_per_batch, reference=False)
+
+    def describe(self) -> str:
         d, teacher = self.cfg.distill, self.cfg.teacher
         return (
             f"loss {d.loss} over the teacher's top-{d.topk_logits_k} ({d.top_k_mode}); "
             f"teacher {teacher.model_name} ({teacher.placement}); "
         )
 
+    def save_state(self, directory: Path) -> None:
+        """No state of its own."""
+
+    def load_state(self, directory: Path, step: int) -> None:
+        """Nothing of its own to load."""
+
+    def close(self) -> None:
+        """No workers of its own (the runtime releases the teacher)."""
+
+    def fit(self, *, stop_after: int | None = None) -> RLResult:
+        return self.runtime.fit(stop_after=stop_after)
+
+    def shutdown(self) -> None:
+        self.runtime.shutdown()
+
+    # ---------------------------------------------------------------- phases
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         """The student's episodes for one step (no dynamic sampling: every sample teaches)."""
-        d = self.cfg.distill
-        problems = [self.train_problems[i] for i in self.sampler.next_batch()]
-        seed = d.seed * 1_000_003 + step * 101 + 1
-        params = self.sampling_params(validation=False, seed=seed)
-        return self.rollouts(problems, d.generations_per_prompt, params), {}
+        return self.runtime.draw(step), {}
 
-    def make_batch(self, rollouts: Rollouts) -> tuple[DistillBatch, dict[str, float]]:  # type: ignore[override]
+    def make_batch(self, rollouts: Rollouts) -> tuple[DistillBatch, dict[str, float]]:
         """The rollout batch with the teacher's top-k at every generated token."""
         d = self.cfg.distill
-        rl = build_rl_batch(
-            rollouts.trajectories, torch.zeros(len(rollouts.trajectories)), self.tokenizer.pad_token_id
-        )
-        batch = DistillBatch.of(rl)
-        with self.timer("teacher"):
-            batch = batch.with_teacher(self.teacher.topk(batch, d.topk_logits_k, d.teacher_temperature))
+        tokens = DistillBatch.of(build_rl_batch(rollouts.trajectories, None, self.tokenizer.pad_token_id))
+        with self.runtime.timer("teacher"):
+            batch = tokens.with_teacher(self.teacher.topk(tokens, d.topk_logits_k, d.teacher_temperature))
         metrics = {
             "reward/mean": scored_reward_metrics(rollouts.rewards, rollouts.scored)["reward/mean"],
             "response_length": float(rollouts.response_lengths.mean()),
@@ -154,25 +169,24 @@ class DistillTrainer(GRPOTrainer):
         }
         return batch, metrics
 
-    def train_on(self, batch: DistillBatch) -> dict[str, float]:  # type: ignore[override]
+    def train_on(self, batch: DistillBatch) -> dict[str, float]:
         """`updates_per_batch` optimizer steps over contiguous minibatches, each normalised by its own
         global count of generated tokens; metrics (the gradient norm included) are means over them."""
         metrics: dict[str, float] = {}
         minibatches = batch.chunks(self.cfg.distill.updates_per_batch)
-        with self.timer("training"):
+        with self.runtime.timer("training"):
             for mb in minibatches:
                 normalizer = max(1.0, float(mb.loss_mask[:, 1:].sum()))
                 loss_fn = functools.partial(distill_loss_fn, **self.loss_fn_knobs)
-                out = self.policy.train(mb, loss_fn, normalizer)
+                out = self.runtime.policy.train(mb, loss_fn, normalizer)
                 for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items():
                     metrics[k] = metrics.get(k, 0.0) + v / len(minibatches)
                 metrics["lr"] = out.lr
-        self.policy_version += 1
-        metrics.update(self.refit())
+        metrics.update(self.runtime.policy_updated())
         return metrics
 
 
-def run_distill(cfg: DistillConfig, *, stop_after: int | None = None) -> DistillResult:
+def run_distill(cfg: DistillConfig, *, stop_after: int | None = None) -> RLResult:
     trainer = DistillTrainer(cfg)
     try:
         return trainer.fit(stop_after=stop_after)

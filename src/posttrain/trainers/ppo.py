@@ -15,7 +15,8 @@ One step:
      minimises the clipped surrogate for `ppo_epochs` passes over this batch (GRPO's `grpo_loss`
      with per-token advantages, all of `loss.*`). advantage.estimator=raw_reward: A = the episode
      reward on every assistant token instead of GAE (the critic still trains).
-Everything else (generation, refits, validation, checkpoints, the loop) is GRPOTrainer's.
+Everything else (generation, refits, validation, checkpoints, the loop) is the RL runtime's
+(`posttrain.trainers.rl.runtime`); PPOTrainer is GRPOTrainer's sibling, not its subclass.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ import torch
 from posttrain.algorithms.advantages import clip_advantages, raw_reward_advantages
 from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards, whiten
-from posttrain.algorithms.kl import kl_estimate
 from posttrain.algorithms.metrics import accumulate_metrics, scored_reward_metrics
-from posttrain.algorithms.rl_loss import grpo_loss, positive_tokens
+from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
 from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 from posttrain.config.schema import PPOConfig
 from posttrain.data.batching import concat_batches
@@ -45,8 +45,16 @@ from posttrain.distributed.critic_group import (
     split_critic_cluster,
 )
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
-from posttrain.trainers.common import latest_values, save_controller_state
-from posttrain.trainers.grpo import GRPOResult, GRPOTrainer
+from posttrain.trainers.grpo import collect_groups
+from posttrain.trainers.rl.batch import (
+    batch_stats,
+    filter_logprob_errors,
+    loss_normalizers,
+    reward_kl,
+    shaped_rewards,
+)
+from posttrain.trainers.rl.protocol import PolicyWorkers
+from posttrain.trainers.rl.runtime import RLResult, RLRuntime
 
 PLOTS = [
     "reward/mean",
@@ -102,20 +110,25 @@ def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     return float(selected.mean()), float(selected.std(unbiased=False))
 
 
-class PPOTrainer(GRPOTrainer):
-    """GRPOTrainer's workers and loop, plus a critic; `make_batch` and `train_on` are PPO's."""
+class PPOTrainer:
+    """PPO as an `RLAlgorithm`: a critic beside the policy (held by its workers, or workers of its
+    own), a batch with per-token rewards, values, GAE returns and advantages, and updates of both.
+    `PPOTrainer(cfg)` builds the runtime that runs it (`self.runtime`) and then the critic."""
 
-    algorithm = "PPO"
+    name = "PPO"
+    run_kind = "ppo"
     plots = PLOTS
-    policy_group_cls = PPOActorGroup
 
     def __init__(self, cfg: PPOConfig) -> None:
+        self.cfg, self.loop, self.async_mode = cfg, cfg.ppo, False
         self.current_step = 0
-        super().__init__(cfg)  # type: ignore[arg-type]
+        self.loss_fn_knobs = loss_knobs(cfg.loss)
         # value replay: the critic's side of the last `ppo.critic_replay_batches` batches (returns, no values)
         self.value_replay: collections.deque[PPOBatch] = collections.deque(
             maxlen=cfg.ppo.critic_replay_batches
         )
+        self.runtime = RLRuntime(cfg, self)
+        self.tokenizer = self.runtime.tokenizer
         self.critic: SplitCritic | ColocatedCritic = (
             ColocatedCritic(self.policy)  # type: ignore[arg-type]
             if cfg.critic.placement == "colocated"
@@ -130,66 +143,94 @@ class PPOTrainer(GRPOTrainer):
             )
         )
 
-    # ---------------------------------------------------------------- the critic's workers
-    def critic_kwargs(self) -> dict[str, Any]:
-        """The critic's model and scheduler length (optimizer steps over the whole run)."""
+    # ---------------------------------------------------------------- what the runtime builds
+    def teacher_config(self) -> None:
+        """PPO has no teacher."""
+        return None
+
+    def policy_workers(self, model_path: str) -> PolicyWorkers:
+        """PPO's workers (colocated: every policy worker builds and holds a critic rank); π_ref with a
+        KL penalty; the policy steps after the critic's warm-up."""
+        p = self.cfg.ppo
+        steps = max(1, (p.max_steps - p.critic_warmup_steps) * p.ppo_epochs * p.updates_per_batch)
+        kwargs = {}
+        if self.cfg.critic.placement == "colocated":
+            critic = {"cfg": self.cfg.critic.policy_config(self.cfg.policy), **self.critic_kwargs(model_path)}
+            kwargs = {"critic": critic}
+        return PolicyWorkers(PPOActorGroup, steps, reference=self.cfg.loss.kl_beta > 0, kwargs=kwargs)
+
+    def critic_kwargs(self, model_path: str | None = None) -> dict[str, Any]:
+        """The critic's model (critic.model_name, else the policy's: `model_path`, default the
+        runtime's) and scheduler length (optimizer steps over the whole run)."""
         from posttrain.models.hub import resolve_model
 
         cfg = self.cfg
-        model = resolve_model(cfg.critic.model_name) if cfg.critic.model_name else self.model_path
+        policy_model = model_path or self.runtime.model_path
+        model = resolve_model(cfg.critic.model_name) if cfg.critic.model_name else policy_model
         updates = self.critic_epochs() * cfg.ppo.updates_per_batch * (1 + cfg.ppo.critic_replay_batches)
-        steps = cfg.ppo.max_steps * updates
-        return {"model_path": model, "total_steps": steps}
+        return {"model_path": model, "total_steps": cfg.ppo.max_steps * updates}
 
     def critic_epochs(self) -> int:
         """The critic's passes over each batch: `ppo.critic_epochs`, else `ppo.ppo_epochs`."""
         return self.cfg.ppo.critic_epochs or self.cfg.ppo.ppo_epochs
 
-    def policy_optimizer_steps(self) -> int:
-        """The policy steps after the critic's warm-up: epochs x minibatches per step."""
-        p = self.cfg.ppo
-        return max(1, (p.max_steps - p.critic_warmup_steps) * p.ppo_epochs * p.updates_per_batch)
+    def describe(self) -> str:
+        return ""
 
-    def policy_worker_kwargs(self) -> dict[str, Any]:
-        """colocated: every policy worker builds and holds a critic rank."""
-        if self.cfg.critic.placement != "colocated":
-            return {}
-        return {"critic": {"cfg": self.cfg.critic.policy_config(self.cfg.policy), **self.critic_kwargs()}}
+    # ---------------------------------------------------------------- the run (the runtime's)
+    @property
+    def policy(self) -> PPOActorGroup:
+        return self.runtime.policy  # type: ignore[return-value]
+
+    def fit(self, *, stop_after: int | None = None) -> RLResult:
+        return self.runtime.fit(stop_after=stop_after)
+
+    def shutdown(self) -> None:
+        self.runtime.shutdown()
 
     # ---------------------------------------------------------------- phases
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+        """One round of rollouts (no dynamic sampling: the critic is the baseline)."""
         self.current_step = step
-        rollouts, stats = super().collect(step)
-        if self.cfg.ppo.generations_per_prompt == 1:
+        p = self.cfg.ppo
+        rollouts, stats = collect_groups(
+            functools.partial(self.runtime.draw, step),
+            groups=p.prompts_per_step,
+            group_size=p.generations_per_prompt,
+            dynamic_sampling=False,
+            max_rounds=1,
+        )
+        if p.generations_per_prompt == 1:
             stats.pop("reward/zero_variance_fraction", None)  # every group of one has no spread
         return rollouts, stats
 
-    def token_kl(self, batch: PPOBatch) -> torch.Tensor | None:
+    def add_logprobs(self, batch: RLBatch) -> None:
+        """π_ref's logprobs (KL penalty) and π_old's (when the batch gets several policy updates, or
+        for loss.seq_logprob_error_threshold), unless present."""
+        p, loss = self.cfg.ppo, self.cfg.loss
+        needs_old = p.ppo_epochs * p.updates_per_batch > 1 or loss.seq_logprob_error_threshold is not None
+        batch.reference_logprobs, batch.old_logprobs = self.runtime.policy_logprobs(
+            batch, reference=loss.kl_beta > 0, old=needs_old
+        )
+
+    def token_kl(self, batch: RLBatch) -> torch.Tensor | None:
         """[B, T] KL(π_old || π_ref) estimates on assistant tokens for the KL reward, else None."""
         loss = self.cfg.loss
         if not (loss.kl_in_reward and loss.kl_beta > 0):
             return None
         self.add_logprobs(batch)
         policy_lp = batch.old_logprobs if batch.old_logprobs is not None else batch.generation_logprobs
-        kl = kl_estimate(
-            policy_lp.double(),
-            batch.reference_logprobs.double(),
-            loss.kl_estimator,
-            input_clamp=loss.kl_input_clamp,
-            output_clamp=loss.kl_output_clamp,
-        )
-        return torch.where(batch.loss_mask.bool(), kl, torch.zeros_like(kl))
+        return reward_kl(loss, policy_lp, batch.reference_logprobs, batch.loss_mask)
 
     def make_batch(self, rollouts: Rollouts) -> tuple[PPOBatch, dict[str, float]]:
-        """Per-token rewards, the critic's values, GAE returns and (whitened) advantages."""
+        """The batch, built once after its parts: per-token rewards (the KL reward's logprobs first),
+        the critic's values, GAE returns and (whitened) advantages."""
         cfg, adv = self.cfg, self.cfg.advantage
-        rewards = self.rewards(rollouts)  # scaled + overlong-shaped episode totals
+        rewards = shaped_rewards(cfg, rollouts)  # scaled + overlong-shaped episode totals
         trajectories = rollouts.trajectories
-        batch = PPOBatch(
-            **vars(build_rl_batch(trajectories, torch.zeros(len(rewards)), self.tokenizer.pad_token_id))
-        )
-        mask = batch.loss_mask
-        kl = self.token_kl(batch)
+        tokens = build_rl_batch(trajectories, None, self.tokenizer.pad_token_id)
+        mask = tokens.loss_mask
+        kl = self.token_kl(tokens)
         env_totals = torch.tensor([sum(t.turn_rewards) for t in trajectories], dtype=torch.float64)
         per_token = token_rewards(
             [t.turn_rewards for t in trajectories],
@@ -200,8 +241,8 @@ class PPOTrainer(GRPOTrainer):
             kl=kl,
             kl_beta=cfg.loss.kl_beta,
         )
-        with self.timer("values"):
-            values = self.critic.values(batch)
+        with self.runtime.timer("values"):
+            values = self.critic.values(tokens)
         critic_side = gae_advantages(per_token, values.double(), mask, gamma=adv.gamma, lam=adv.lam_critic)
         lam_actor = (
             length_adaptive_lambda(mask.sum(-1), alpha=adv.lam_actor_alpha)
@@ -212,44 +253,49 @@ class PPOTrainer(GRPOTrainer):
         raw = actor_side.advantages
         if adv.estimator == "raw_reward":  # A = r on every assistant token; the critic is left out
             raw = raw_reward_advantages(rewards.double(), mask)
-        advantages = whiten(raw, mask) if adv.whiten else raw
-        batch.advantages = clip_advantages(advantages, adv.clip).float()
-        batch.values, batch.returns = values, critic_side.returns.float()
-        returns_mean, returns_std = masked_stats(critic_side.returns, mask)
-        adv_mean, adv_std = masked_stats(raw, mask)
-        metrics = {
-            **scored_reward_metrics(rewards, rollouts.scored),
-            "response_length": float(rollouts.response_lengths.mean()),
-            "truncation_rate": float(rollouts.truncated.float().mean()),
-            "entropy": float(-(batch.generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
-            "critic/explained_variance": explained_variance(values, critic_side.returns, mask),
-            "critic/explained_variance_last": explained_variance(
-                values, critic_side.returns, last_token_mask(mask)
-            ),
-            "critic/values_mean": masked_stats(values, mask)[0],
-            "returns/mean": returns_mean,
-            "returns/std": returns_std,
-            "advantages/mean": adv_mean,  # before whitening
-            "advantages/std": adv_std,
-        }
+        advantages = clip_advantages(whiten(raw, mask) if adv.whiten else raw, adv.clip).float()
+        loss_mask = (
+            mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
+            if cfg.dapo.overlong_filter
+            else mask
+        )
+        batch = PPOBatch(
+            **{**vars(tokens), "advantages": advantages, "loss_mask": loss_mask},
+            values=values,
+            returns=critic_side.returns.float(),
+        )
+        metrics = self.batch_metrics(rollouts, rewards, tokens, values, critic_side.returns, raw)
         if kl is not None:
             metrics["reward/kl_penalty"] = float(cfg.loss.kl_beta * kl.sum(-1).mean())
         if adv.lam_actor_alpha is not None:
             metrics["advantages/lam_actor_mean"] = float(torch.as_tensor(lam_actor).double().mean())
-        if cfg.dapo.overlong_filter:
-            batch.loss_mask = mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
         return batch, metrics
 
-    def add_logprobs(self, batch: RLBatch) -> None:
-        """π_ref's logprobs (KL penalty) and π_old's (when the batch gets several policy updates)."""
-        p = self.cfg.ppo
-        if self.cfg.loss.kl_beta > 0 and batch.reference_logprobs is None:
-            with self.timer("reference_logprobs"):
-                batch.reference_logprobs = self.policy.reference_logprobs(batch)
-        needs_old = self.cfg.loss.seq_logprob_error_threshold is not None
-        if (p.ppo_epochs * p.updates_per_batch > 1 or needs_old) and batch.old_logprobs is None:
-            with self.timer("old_logprobs"):
-                batch.old_logprobs = self.policy.logprobs(batch)
+    def batch_metrics(
+        self,
+        rollouts: Rollouts,
+        rewards: torch.Tensor,
+        tokens: RLBatch,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        raw: torch.Tensor,
+    ) -> dict[str, float]:
+        """Rewards, lengths, entropy, the critic's fit (explained variance), returns and advantages
+        (`raw`: before whitening) over the batch's assistant tokens (before the overlong filter)."""
+        mask = tokens.loss_mask
+        returns_mean, returns_std = masked_stats(returns, mask)
+        adv_mean, adv_std = masked_stats(raw, mask)
+        return {
+            **scored_reward_metrics(rewards, rollouts.scored),
+            **batch_stats(rollouts, mask, tokens.generation_logprobs),
+            "critic/explained_variance": explained_variance(values, returns, mask),
+            "critic/explained_variance_last": explained_variance(values, returns, last_token_mask(mask)),
+            "critic/values_mean": masked_stats(values, mask)[0],
+            "returns/mean": returns_mean,
+            "returns/std": returns_std,
+            "advantages/mean": adv_mean,
+            "advantages/std": adv_std,
+        }
 
     def policy_trains(self) -> bool:
         """False during the critic's warm-up (the first `ppo.critic_warmup_steps` steps)."""
@@ -279,7 +325,7 @@ class PPOTrainer(GRPOTrainer):
             return own, 1
         pad = self.tokenizer.pad_token_id
         replayed = concat_batches(list(self.value_replay), pad)
-        with self.timer("replay_values"):
+        with self.runtime.timer("replay_values"):
             replayed.values = self.critic.values(replayed)
         return concat_batches([own, replayed], pad), 1 + len(self.value_replay)  # type: ignore[return-value]
 
@@ -310,7 +356,7 @@ class PPOTrainer(GRPOTrainer):
         metrics: dict[str, float] = {}
         for epoch in range(p.ppo_epochs):
             for mb in self.epoch_minibatches(batch, epoch):
-                normalizer, tokens = self.normalizers(mb)
+                normalizer, tokens = loss_normalizers(self.cfg, mb)
                 loss_fn = functools.partial(
                     grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
                     **self.loss_fn_knobs,
@@ -318,55 +364,44 @@ class PPOTrainer(GRPOTrainer):
                 add_mean(metrics, self.policy.train(mb, loss_fn, normalizer), updates)
         return metrics
 
-    def train_on(self, batch: PPOBatch) -> dict[str, float]:  # type: ignore[override]
+    def train_on(self, batch: PPOBatch) -> dict[str, float]:
         """The critic's epochs, then, once the warm-up is over, the policy's (the two models are
         independent: the advantages were computed from the values before either trains)."""
         train_policy = self.policy_trains()
         metrics: dict[str, float] = {"critic/warmup": float(not train_policy)}
         if train_policy:
             self.add_logprobs(batch)  # π_old before any update
-            metrics.update(self.drop_logprob_errors(batch))  # out of the policy's and critic's losses
-        with self.timer("training"):
+            # out of the policy's and critic's losses
+            metrics.update(filter_logprob_errors(self.cfg.loss.seq_logprob_error_threshold, batch))
+        with self.runtime.timer("training"):
             metrics.update(self.train_critic(batch))
             if train_policy:
                 metrics.update(self.train_policy(batch))
         if train_policy:
-            self.policy_version += 1
-            metrics.update(self.refit())
+            metrics.update(self.runtime.policy_updated())
         return metrics
 
     # ---------------------------------------------------------------- state
-    def save(self, step: int, history: list[dict[str, float]]) -> Path:
-        """GRPO's checkpoint plus the critic's (weights, optimizer, scheduler) in `critic/`."""
+    def save_state(self, directory: Path) -> None:
+        """The critic's checkpoint (weights, optimizer, scheduler) in `critic/`, and the value replay."""
+        self.critic.save_checkpoint(directory / "critic")
+        if self.value_replay.maxlen:
+            torch.save([vars(b) for b in self.value_replay], directory / "critic_replay.pt")
 
-        def write(directory: Path) -> None:
-            self.policy.save_checkpoint(directory)
-            self.critic.save_checkpoint(directory / "critic")
-            if self.value_replay.maxlen:
-                torch.save([vars(b) for b in self.value_replay], directory / "critic_replay.pt")
-            self.tokenizer.save_pretrained(directory / "model")
-            state = {"sampler": self.sampler.state_dict(), "next_group_id": self.next_group_id}
-            save_controller_state(directory, step, state, self.cfg)
-
-        return self.checkpointer.save(step, write, metrics=latest_values(history, step))
-
-    def restore(self, checkpoint: Path) -> int:
-        self.critic.load_checkpoint(checkpoint / "critic")
+    def load_state(self, directory: Path, step: int) -> None:
+        self.critic.load_checkpoint(directory / "critic")
         self.value_replay.clear()
         if self.value_replay.maxlen:
-            replay = checkpoint / "critic_replay.pt"
+            replay = directory / "critic_replay.pt"
             saved = torch.load(replay, weights_only=True) if replay.exists() else []
             self.value_replay.extend(PPOBatch(**fields) for fields in saved)
-        step = super().restore(checkpoint)
         self.current_step = step
-        return step
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
         self.critic.shutdown()
-        super().shutdown()
 
 
-def run_ppo(cfg: PPOConfig, *, stop_after: int | None = None) -> GRPOResult:
+def run_ppo(cfg: PPOConfig, *, stop_after: int | None = None) -> RLResult:
     trainer = PPOTrainer(cfg)
     try:
         return trainer.fit(stop_after=stop_after)

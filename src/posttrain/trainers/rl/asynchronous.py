@@ -1,11 +1,11 @@
-"""Asynchronous GRPO: the trainer's side of the collector (grpo.async_mode; docs/async.md).
+"""Asynchronous rollouts: the trainer's side of the collector (grpo.async_mode; docs/async.md).
 
-`AsyncRollouts` plugs into `GRPOTrainer` at five points: `collect` takes a batch from the replay
-buffer instead of generating; `refit` publishes a weight snapshot instead of loading the
-generator; validation and checkpoints run with generation paused (the generator then runs the
-newest weights, and the data position is consistent); `save` / `restore` carry the buffer.
+`AsyncRollouts` plugs into the RL runtime (`RLRuntime`) at five points: `collect` takes a batch
+from the replay buffer instead of generating; `refit` publishes a weight snapshot instead of
+loading the generator; validation and checkpoints run with generation paused (the generator then
+runs the newest weights, and the data position is consistent); `save` / `restore` carry the buffer.
 
-Versions: the policy's version is the number of updates it has had (`GRPOTrainer.policy_version`).
+Versions: the policy's version is the number of updates it has had (`RLRuntime.policy_version`).
 Each trajectory records the version that generated it; a batch is exactly on-policy only when
 every row's version is the trainer's (then, with one update per batch, π_old is the current policy:
 the on-policy shortcut). Any other batch gets π_old recomputed by the trainer (`add_logprobs`)
@@ -15,7 +15,6 @@ and the behaviour-vs-π_old importance weight (`loss.importance_correction`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from posttrain.rollout.replay_buffer import ReplayBuffer, RolloutGroup
 from posttrain.rollout.rollout import RLBatch, Rollouts
 
 if TYPE_CHECKING:
-    from posttrain.trainers.grpo import GRPOTrainer
+    from posttrain.distributed.actor_group import GenerationGroup
 
 STATE_FILE = "async_state.pt"
 
@@ -104,16 +103,13 @@ def age_metrics(groups: list[RolloutGroup], version: int, max_age: int) -> dict[
 class AsyncRollouts:
     """The replay buffer, the collector thread and the weight snapshots of one asynchronous run."""
 
-    def __init__(self, trainer: GRPOTrainer) -> None:
-        cfg = trainer.cfg
-        g = cfg.grpo
-        from posttrain.config.schema import GRPOConfig
-
-        if not isinstance(cfg, GRPOConfig):
-            raise ValueError(f"async_mode is implemented for GRPO only, not for {type(cfg).__name__}")
-        if cfg.generation.placement != "split":
+    def __init__(self, trainer: Any, g: Any, generator: GenerationGroup | None) -> None:
+        """`trainer`: the `RLRuntime` (its policy, timer, `draw` and policy version; not imported here,
+        it imports this module); `g`: the loop section with the async settings (`GRPOTrainerConfig`);
+        `generator`: the split generation workers (async mode needs generation.placement=split)."""
+        if generator is None:
             raise ValueError("grpo.async_mode=true needs generation.placement=split")
-        self.trainer = trainer
+        self.trainer, self.generator, self.loop = trainer, generator, g
         self.max_age = g.max_trajectory_age_steps
         capacity = g.async_buffer_groups or g.prompts_per_step * (self.max_age + 1)
         self.buffer = ReplayBuffer(capacity, self.max_age)
@@ -135,10 +131,10 @@ class AsyncRollouts:
         trainer = self.trainer
 
         def write() -> None:
-            if trainer.generator.transport == "shared_memory":
+            if self.generator.transport == "shared_memory":
                 self.snapshot = trainer.policy.publish_weights(version)
             else:
-                self.snapshot = trainer.policy.packed_weights(trainer.generator.wire_dtype)
+                self.snapshot = trainer.policy.packed_weights(self.generator.wire_dtype)
 
         with trainer.timer("publish"):
             self.collector.publish(version, write)
@@ -146,24 +142,18 @@ class AsyncRollouts:
 
     def load_weights(self, version: int) -> None:
         """Load the snapshot into the generation workers (collector thread, between batches)."""
-        self.trainer.generator.load_snapshot(self.snapshot)
-        if self.trainer.generator.transport == "shared_memory" and not self.mapped:
+        self.generator.load_snapshot(self.snapshot)
+        if self.generator.transport == "shared_memory" and not self.mapped:
             self.trainer.policy.unlink_snapshot()  # mapped by every worker: the names can go
             self.mapped = True
 
     # ------------------------------------------------------------------ data
     def produce(self, batch_index: int, version: int) -> list[RolloutGroup]:
         """Batch `batch_index`: the sampler's next prompts, generated with seed and order as the
-        synchronous step of the same index would (`GRPOTrainer.collect`, round 1)."""
-        trainer = self.trainer
-        g = trainer.cfg.grpo
-        problems = [trainer.train_problems[i] for i in trainer.sampler.next_batch()]
-        seed = g.seed * 1_000_003 + batch_index * 101 + 1
-        params = trainer.sampling_params(validation=False, seed=seed)
-        if g.partial_rollouts:  # the workers load newer snapshots between decode steps
-            params = dataclasses.replace(params, partial_rollouts=True)
+        synchronous step of the same index would (`RLRuntime.draw`, round 1)."""
         timer = Timer()
-        rollouts = trainer.rollouts(problems, g.generations_per_prompt, params, timer)
+        # partial rollouts: the workers load newer snapshots between decode steps
+        rollouts = self.trainer.draw(batch_index, 1, timer=timer, partial_rollouts=self.loop.partial_rollouts)
         return group_rollouts(rollouts, version, batch_index, {**rollouts.env_metrics, **timer.pop()})
 
     def next_rollouts(self, step: int) -> tuple[Rollouts, dict[str, float]]:

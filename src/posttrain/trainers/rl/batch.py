@@ -1,0 +1,102 @@
+"""Batch phases that more than one RL algorithm uses: reward shaping, the KL reward, the loss
+normalisers and the logprob-error filter. Plain functions of a config (read duck-typed: only the
+sections a function names) and tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from posttrain.algorithms.advantages import scale_rewards
+from posttrain.algorithms.dapo import overlong_reward_shaping
+from posttrain.algorithms.kl import kl_estimate
+from posttrain.algorithms.metrics import logprob_error_keep
+from posttrain.algorithms.reward_shaping import stop_properly_penalty
+from posttrain.config.rollout import episode_token_budget
+from posttrain.rollout.rollout import RLBatch, Rollouts
+
+
+def shaped_rewards(cfg: Any, rollouts: Rollouts) -> torch.Tensor:
+    """Task rewards [N], scaled (advantage.reward_scaling), then a truncated sample's scaled by
+    dapo.stop_properly_penalty_coef, or DAPO's soft overlong penalty on the episode's generated
+    tokens over all its turns, against the episode token budget. Reads cfg.advantage.reward_scaling
+    and cfg.dapo (cfg.generation and cfg.environment only with dapo.overlong_buffer)."""
+    rewards = rollouts.rewards
+    scaling = cfg.advantage.reward_scaling
+    if scaling.enabled:
+        rewards = scale_rewards(
+            rewards,
+            source_min=scaling.source_min,
+            source_max=scaling.source_max,
+            target_min=scaling.target_min,
+            target_max=scaling.target_max,
+        )
+    if cfg.dapo.stop_properly_penalty_coef is not None:
+        rewards = stop_properly_penalty(rewards, rollouts.truncated, coef=cfg.dapo.stop_properly_penalty_coef)
+    if cfg.dapo.overlong_buffer:
+        rewards = rewards + overlong_reward_shaping(
+            rollouts.response_lengths,
+            max_len=episode_token_budget(cfg.generation, cfg.environment),
+            buffer_len=cfg.dapo.overlong_buffer,
+            penalty=cfg.dapo.overlong_penalty,
+        )
+    return rewards
+
+
+def reward_kl(
+    loss: Any, policy_logprobs: torch.Tensor, reference_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """[B, T] per-token KL(π || π_ref) estimates (loss.kl_estimator and its clamps, float64) on the
+    tokens where `mask` is set, 0 elsewhere: the KL that `loss.kl_in_reward` puts into the reward."""
+    kl = kl_estimate(
+        policy_logprobs.double(),
+        reference_logprobs.double(),
+        loss.kl_estimator,
+        input_clamp=loss.kl_input_clamp,
+        output_clamp=loss.kl_output_clamp,
+    )
+    return torch.where(mask.bool(), kl, torch.zeros_like(kl))
+
+
+def loss_normalizers(cfg: Any, batch: RLBatch) -> tuple[float, float]:
+    """(loss normaliser for cfg.loss.aggregation, global count of valid tokens).
+
+    Sequence counts include only sequences with at least one valid token: a sample the overlong
+    filter (or an unscored episode) took out of the loss does not dilute the mean.
+    seq_mean_token_sum (Dr.GRPO) divides by sequences × the episode token budget (one turn:
+    max_new_tokens), the most tokens a sequence can train on.
+    """
+    tokens = max(1.0, float(batch.loss_mask.sum()))
+    aggregation = cfg.loss.aggregation
+    if aggregation == "token":
+        return tokens, tokens
+    sequences = max(1.0, float((batch.loss_mask.sum(-1) > 0).sum()))
+    if aggregation == "sequence":
+        return sequences, tokens
+    return sequences * episode_token_budget(cfg.generation, cfg.environment), tokens
+
+
+def filter_logprob_errors(threshold: float | None, batch: RLBatch) -> dict[str, float]:
+    """loss.seq_logprob_error_threshold: take the sequences whose engine logprobs disagree with
+    π_old by more than it out of the loss (their loss_mask rows zeroed; `logprob_error_keep`),
+    after the advantages (their rewards stay in the baselines, as in NeMo RL). No-op when None."""
+    if threshold is None:
+        return {}
+    keep, metrics = logprob_error_keep(
+        batch.old_logprobs, batch.generation_logprobs, batch.loss_mask, threshold=threshold
+    )
+    batch.loss_mask = batch.loss_mask * keep.to(batch.loss_mask.dtype)[:, None]
+    return metrics
+
+
+def batch_stats(
+    rollouts: Rollouts, mask: torch.Tensor, generation_logprobs: torch.Tensor
+) -> dict[str, float]:
+    """response_length, truncation_rate and entropy (minus the generator's mean logprob over the
+    loss's tokens) of a batch."""
+    return {
+        "response_length": float(rollouts.response_lengths.mean()),
+        "truncation_rate": float(rollouts.truncated.float().mean()),
+        "entropy": float(-(generation_logprobs * mask).sum() / mask.sum().clamp(min=1)),
+    }

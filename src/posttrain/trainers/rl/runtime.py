@@ -1,0 +1,492 @@
+"""The RL runtime: what GRPO, PPO, on-policy distillation and REINFORCE-MA share.
+
+`RLRuntime` holds the workers and data of one run: the tokenizer and tasks, the policy's worker
+group (and π_ref, a colocated teacher or critic inside it, as the algorithm asks), the generator
+(the policy itself when colocated, generation workers when split), the environment workers, a
+split teacher, the sampler and the checkpointer. It generates rollouts, refits the generator after
+every update and checks that it runs the policy's weights, validates, saves and restores, and runs
+the fit loop. The algorithm (`posttrain.trainers.rl.protocol.RLAlgorithm`) makes the batch and
+trains on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.algorithms.metrics import pass_at_k
+from posttrain.checkpoint import Deadline, resolve_resume
+from posttrain.config.rollout import episode_token_budget
+from posttrain.data.batching import EpochSampler
+from posttrain.data.tasks import Task
+from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
+from posttrain.distributed.refit_check import check_refit
+from posttrain.distributed.teacher_group import (
+    StudentGroup,
+    TeacherGroup,
+    prepare_teacher,
+    teacher_worker_kwargs,
+)
+from posttrain.environments.group import EnvironmentGroup
+from posttrain.environments.interface import check_verifier_errors
+from posttrain.errors import WorkerLostError
+from posttrain.generation.sampling import SamplingParams
+from posttrain.generation.worker import refit_cast_dtype
+from posttrain.logging import MetricsLogger, Timer
+from posttrain.logging.plots import plot_run
+from posttrain.logging.progress import staged
+from posttrain.modeling.tokenizer import training_tokenizer
+from posttrain.rollout.agent import run_agent_rollouts
+from posttrain.rollout.rollout import (
+    RLBatch,
+    Rollouts,
+    prompt_ids_of,
+    run_rollouts,
+    start_episodes,
+    transcript,
+)
+from posttrain.rollout.tasks import load_tasks
+from posttrain.trainers.common import (
+    graceful_stop,
+    latest_values,
+    load_controller_state,
+    make_checkpointer,
+    prepare_run_dir,
+    print_interrupted,
+    run_summary,
+    save_controller_state,
+    seed_everything,
+    truncate_step_log,
+)
+from posttrain.trainers.rl.asynchronous import AsyncRollouts
+from posttrain.trainers.rl.protocol import RLAlgorithm
+
+
+def scored_mean(rewards: torch.Tensor, scored: torch.Tensor) -> float:
+    """The mean reward over the scored samples (0 when none was scored)."""
+    r = rewards[scored.to(torch.bool)]
+    return float(r.mean()) if len(r) else 0.0
+
+
+@dataclass
+class RLResult:
+    run_dir: Path
+    step: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+    stopped_by_deadline: bool = False
+
+
+class RLRuntime:
+    """The workers and data of one RL run; `fit()` is the loop, `algorithm` makes and trains the batches."""
+
+    def __init__(self, cfg: Any, algorithm: RLAlgorithm) -> None:
+        self.cfg, self.algorithm, self.loop = cfg, algorithm, algorithm.loop
+        from posttrain.models.hub import resolve_model
+
+        self.model_path = resolve_model(cfg.policy.model_name)  # a missing model fails before the run dir
+        self.run_dir = prepare_run_dir(cfg.logging.run_dir, algorithm.run_kind, cfg)
+        seed_everything(self.loop.seed)
+        self.tokenizer, tokenizer_path = training_tokenizer(
+            cfg.policy.tokenizer_name or self.model_path, cfg.policy.chat_template, self.run_dir,
+            "policy.chat_template",
+        )  # fmt: skip
+        max_prompt = cfg.policy.max_seq_len - cfg.generation.max_new_tokens
+        if max_prompt <= 0:
+            raise ValueError(
+                f"policy.max_seq_len ({cfg.policy.max_seq_len}) must exceed generation.max_new_tokens "
+                f"({cfg.generation.max_new_tokens}) to leave room for the prompt"
+            )
+        self.train_problems = self.build_tasks(cfg.data.train, max_prompt)
+        self.val_problems = self.build_tasks(cfg.data.validation, max_prompt) if cfg.data.validation else []
+        self.sampler = EpochSampler(len(self.train_problems), self.loop.prompts_per_step, seed=self.loop.seed)
+        self.total_steps = self.loop.max_steps
+        self.next_group_id = 0
+        self.checkpointer = make_checkpointer(self.run_dir / "checkpoints", cfg.checkpoint)
+        # the policy trains softmax(logits / T), the distribution rollouts are sampled from
+        self.policy_cfg = cfg.policy.model_copy(
+            update={"logprob_temperature": cfg.generation.temperature or 1.0}
+        )
+        self.split = cfg.generation.placement == "split"
+        transport = (
+            cfg.generation.resolved_refit_transport(cfg.cluster, cfg.policy.split_weights)
+            if self.split
+            else None
+        )
+        self.policy, self.teacher = self.build_policy(tokenizer_path, transport)
+        # weights move to a separate engine after every update: split workers or a colocated vLLM
+        self.refits = self.split or cfg.generation.backend == "vllm"
+        self.engine_dtype = refit_cast_dtype(cfg.generation, cfg.policy)  # the refit check casts to it
+        self.split_generator: GenerationGroup | None = None
+        if self.split:
+            self.split_generator = GenerationGroup(
+                cfg.generation, self.policy_cfg, cfg.cluster, model_path=self.model_path,
+                tokenizer_path=tokenizer_path, transport=transport,
+            )  # fmt: skip
+        self.generator: ActorGroup | GenerationGroup = self.split_generator or self.policy
+        self.environment = EnvironmentGroup(
+            cfg.environment.name,
+            cfg.environment.kwargs,
+            num_workers=cfg.environment.num_workers,
+            backend=cfg.cluster.backend,
+            max_concurrent_steps=cfg.environment.max_concurrent_steps,
+        )
+        self.timer = Timer()
+        # episodes without a turn barrier run where the sampler is: a vLLM engine, or an HF model that is
+        # whole on each worker (an FSDP2-sharded colocated policy decodes collectively: turn by turn)
+        sharded_hf = cfg.policy.fsdp and not self.split and cfg.generation.backend != "vllm"
+        self.turn_barrier = cfg.environment.turn_barrier or sharded_hf
+        probe_tasks = self.train_problems[: cfg.generation.refit_check.prompts]
+        starts = start_episodes(self.environment, probe_tasks, list(range(len(probe_tasks))))
+        self.probe_prompts = [prompt_ids_of(self.tokenizer, s) for s in starts]
+        self.policy_version = 0  # policy updates so far; every trajectory records the one it was sampled with
+        self.async_rollouts = (
+            AsyncRollouts(self, self.loop, self.split_generator) if algorithm.async_mode else None
+        )
+
+    def build_policy(
+        self, tokenizer_path: str, transport: str | None
+    ) -> tuple[ActorGroup, TeacherGroup | None]:
+        """The policy's worker group as the algorithm asks (`policy_workers`) and a teacher's group
+        (split teacher, or one held by the policy's workers: `StudentGroup`); no teacher: None."""
+        cfg = self.cfg
+        workers = self.algorithm.policy_workers(self.model_path)
+        teacher_cfg = self.algorithm.teacher_config()
+        teacher_path, teacher_cut, held_teacher = self.teacher_setup(teacher_cfg)
+        policy = (StudentGroup if held_teacher else workers.group)(
+            self.policy_cfg,
+            cfg.cluster,
+            model_path=self.model_path,
+            total_steps=workers.optimizer_steps,
+            tokenizer_path=tokenizer_path,
+            reference=workers.reference,
+            generation=None if self.split else cfg.generation,
+            # generation workers map the policy's weights, which then live in shared memory
+            shared_weights=transport == "shared_memory",
+            lora_adapter_refit=cfg.generation.vllm.lora_adapter,
+            **workers.kwargs,
+            **({"teacher": held_teacher} if held_teacher else {}),
+        )
+        if teacher_cfg is None:
+            return policy, None
+        teacher = TeacherGroup(
+            teacher_cfg, cfg.cluster, model_path=teacher_path, vocab_size=teacher_cut, student=policy
+        )
+        return policy, teacher
+
+    def teacher_setup(self, teacher: Any) -> tuple[str | None, int | None, dict[str, Any] | None]:
+        """(teacher folder, vocabulary cut, the teacher's worker arguments when the policy workers
+        hold it (colocated) else None); (None, None, None) without a teacher."""
+        if teacher is None:
+            return None, None, None
+        path, cut = prepare_teacher(
+            teacher.model_name,
+            teacher.tokenizer_name,
+            student_tokenizer=self.tokenizer,
+            student_path=self.model_path,
+            student_name=self.cfg.policy.model_name,
+        )
+        held = teacher_worker_kwargs(teacher, model_path=path, vocab_size=cut)
+        return path, cut, held if teacher.placement == "colocated" else None
+
+    def build_tasks(self, split: Any, max_prompt_len: int) -> list[Task]:
+        """A split's tasks (rows, or the environment's own), prompts over `max_prompt_len` dropped."""
+        return load_tasks(
+            split,
+            self.cfg.environment,
+            prompt_template=self.cfg.data.prompt_template,
+            system_prompt=self.cfg.data.system_prompt,
+            tokenizer=self.tokenizer,
+            max_prompt_len=max_prompt_len,
+        )
+
+    # ---------------------------------------------------------------- rollouts
+    def sampling_params(self, *, validation: bool, seed: int) -> SamplingParams:
+        g = self.cfg.generation
+        temperature = self.loop.val_temperature if validation else g.temperature
+        return SamplingParams(
+            temperature=temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            max_new_tokens=g.max_new_tokens,
+            stop_strings=tuple(g.stop_strings),
+            seed=seed,
+        )
+
+    def rollouts(
+        self,
+        problems: list[Task],
+        generations: int,
+        params: SamplingParams,
+        timer: Timer | None = None,
+        progress: str = "generation",
+    ) -> Rollouts:
+        """G rollouts per problem; `progress` names the phase's bar on a terminal. With
+        `environment.agent` the user's agent plays them through the endpoint (`run_agent_rollouts`)."""
+        cfg, env = self.cfg, self.cfg.environment
+        out = (run_rollouts if env.agent is None else functools.partial(run_agent_rollouts, agent=env.agent))(
+            problems,
+            generations_per_prompt=generations,
+            generator=self.generator,
+            environment=self.environment,
+            tokenizer=self.tokenizer,
+            params=params,
+            batch_size=cfg.generation.batch_size,
+            max_turns=env.max_turns,
+            max_seq_len=cfg.policy.max_seq_len,
+            max_observation_tokens=env.max_observation_tokens,
+            max_episode_tokens=episode_token_budget(cfg.generation, env),
+            first_group_id=self.next_group_id,
+            timer=timer or self.timer,
+            turn_barrier=self.turn_barrier,
+            progress=progress,
+        )
+        self.next_group_id += len(problems)
+        check_verifier_errors([t.info for t in out.trajectories], env.max_error_fraction, env.name)
+        for t in out.trajectories:
+            t.policy_version = self.policy_version
+        if cfg.generation.vllm.sleep and not self.split:
+            self.policy.sleep_generator()  # free the engine's memory for training
+        return out
+
+    def draw(
+        self, step: int, round_: int = 1, *, timer: Timer | None = None, partial_rollouts: bool = False
+    ) -> Rollouts:
+        """One round of rollouts for `step` (round 1, 2, ...): the sampler's next prompts, G =
+        loop.generations_per_prompt each, sampled with the seed (loop.seed, step, round).
+        `partial_rollouts`: the workers may load newer weights between decode steps (async)."""
+        problems = [self.train_problems[i] for i in self.sampler.next_batch()]
+        seed = self.loop.seed * 1_000_003 + step * 101 + round_
+        params = self.sampling_params(validation=False, seed=seed)
+        if partial_rollouts:
+            params = dataclasses.replace(params, partial_rollouts=True)
+        return self.rollouts(problems, self.loop.generations_per_prompt, params, timer)
+
+    def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+        """The rollouts of one step: the replay buffer's next groups (async), else the algorithm's."""
+        if self.async_rollouts is not None:
+            return self.async_rollouts.next_rollouts(step)
+        return self.algorithm.collect(step)
+
+    # ---------------------------------------------------------------- the policy's side
+    def policy_logprobs(self, batch: RLBatch, *, reference: bool, old: bool) -> tuple[Any, Any]:
+        """(π_ref's, π_old's) logprobs [B, T] of the batch, each computed only when asked and absent
+        from the batch (else the batch's own, or None)."""
+        ref, old_lp = batch.reference_logprobs, batch.old_logprobs
+        if reference and ref is None:
+            with self.timer("reference_logprobs"):
+                ref = self.policy.reference_logprobs(batch)
+        if old and old_lp is None:
+            with self.timer("old_logprobs"):
+                old_lp = self.policy.logprobs(batch)
+        return ref, old_lp
+
+    def policy_updated(self) -> dict[str, float]:
+        """After an update: one more policy version, and the generator gets the new weights (`refit`)."""
+        self.policy_version += 1
+        return self.refit()
+
+    def refit(self) -> dict[str, float]:
+        """Give the generator the policy's weights, then check that it runs them (the parity gate)."""
+        if self.async_rollouts is not None:  # the generator loads it between its batches
+            return self.async_rollouts.publish(self.policy_version)
+        if not self.refits:
+            return {}
+        with self.timer("refit"):
+            if self.split_generator is not None:
+                self.split_generator.refit(self.policy)
+            else:
+                self.policy.refit_engine()
+        return self.check_generator()
+
+    def check_generator(self) -> dict[str, float]:
+        with self.timer("refit_check"):
+            return check_refit(
+                self.cfg.generation.refit_check,
+                self.policy,
+                self.generator,
+                self.probe_prompts,
+                self.sampling_params(validation=False, seed=self.loop.seed),
+                self.tokenizer.pad_token_id,
+                engine_dtype=self.engine_dtype,
+            )
+
+    # ---------------------------------------------------------------- validation
+    @staged("validate")
+    def validate(self) -> dict[str, float]:
+        if not self.val_problems:
+            return {}
+        if self.async_rollouts is not None:
+            with self.async_rollouts.synced():  # generation paused; the generator has the newest weights
+                self.check_generator()
+                return self.validate_now()
+        return self.validate_now()
+
+    def validate_now(self) -> dict[str, float]:
+        n = self.loop.val_samples_per_prompt
+        start = time.perf_counter()
+        params = self.sampling_params(validation=True, seed=self.loop.seed)
+        # its own timer: validation's generation must not count in the next training step's timings
+        r = self.rollouts(self.val_problems, n, params, timer=Timer(), progress="validation")
+        correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in r.trajectories]
+        per_problem = [sum(correct[i * n : (i + 1) * n]) for i in range(len(self.val_problems))]
+        metrics = {
+            "val/accuracy": sum(correct) / len(correct),
+            "val/reward": scored_mean(r.rewards, r.scored),
+            "val/response_length": float(r.response_lengths.mean()),
+            "timing/validation": time.perf_counter() - start,
+        }
+        if n > 1:
+            metrics[f"val/pass@{n}"] = sum(pass_at_k(n, c, n) for c in per_problem) / len(per_problem)
+        return metrics
+
+    def write_samples(self, step: int, rollouts: Rollouts, count: int = 4) -> None:
+        """A few trajectories per step in samples.jsonl, to read what the model writes."""
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for t in rollouts.trajectories[:count]:
+                f.write(json.dumps({"step": step, **transcript(t)}, default=str) + "\n")
+
+    # ---------------------------------------------------------------- state
+    def save(self, step: int, history: list[dict[str, float]]) -> Path:
+        def write(directory: Path) -> None:
+            self.policy.save_checkpoint(directory)
+            self.algorithm.save_state(directory)
+            self.tokenizer.save_pretrained(directory / "model")  # a self-contained HF folder
+            state = {"sampler": self.sampler.state_dict(), "next_group_id": self.next_group_id}
+            save_controller_state(directory, step, state, self.cfg)
+            if self.async_rollouts is not None:
+                self.async_rollouts.save(directory)
+
+        if self.async_rollouts is None:
+            return self.checkpointer.save(step, write, metrics=latest_values(history, step))
+        with self.async_rollouts.paused():  # the sampler's position matches the buffer's contents
+            return self.checkpointer.save(step, write, metrics=latest_values(history, step))
+
+    def restore(self, checkpoint: Path) -> int:
+        self.policy.load_checkpoint(checkpoint)
+        state = load_controller_state(checkpoint)
+        self.algorithm.load_state(checkpoint, state["step"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.next_group_id = state["next_group_id"]
+        self.policy_version = state["step"]
+        if self.async_rollouts is not None:
+            self.async_rollouts.load(checkpoint, state["step"])
+        self.refit()
+        self.timer.pop()
+        return state["step"]
+
+    def shutdown(self) -> None:
+        if self.async_rollouts is not None:
+            self.async_rollouts.stop()
+        self.algorithm.close()
+        self.environment.shutdown()
+        if self.teacher is not None:
+            self.teacher.shutdown()
+        if self.split_generator is not None:
+            self.split_generator.shutdown()
+        self.policy.shutdown()
+
+    # ---------------------------------------------------------------- loop
+    def fit(self, *, stop_after: int | None = None) -> RLResult:
+        cfg, loop = self.cfg, self.loop
+        resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpointer)
+        step = self.restore(resume_from) if resume_from else 0
+        if not resume_from and self.refits:
+            # same weights on both sides yet: proves the check itself holds; an engine that serves the
+            # LoRA adapter (generation.vllm.lora_adapter) starts without one and gets it here
+            self.refit() if cfg.generation.vllm.lora_adapter else self.check_generator()
+            self.timer.pop()
+        result = RLResult(self.run_dir, step, last_checkpoint=resume_from)
+        for log_file in ("metrics.jsonl", "samples.jsonl"):  # a resumed run logs no step twice
+            truncate_step_log(self.run_dir / log_file, step if resume_from else None)
+        logger = MetricsLogger(
+            cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step, config=cfg
+        )
+        placement = cfg.generation.placement
+        if self.split_generator is not None:
+            placement += f", refit via {self.split_generator.transport}"
+        logger.info(
+            f"{self.algorithm.name}: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
+            f"{loop.prompts_per_step} prompts x {loop.generations_per_prompt} generations per step; "
+            f"{self.total_steps} steps; generation {cfg.generation.backend} ({placement}); "
+            f"{self.algorithm.describe()}run dir {self.run_dir}"
+            + (f"; resumed from {resume_from}" if resume_from else "")
+        )
+
+        def log(step: int, metrics: dict[str, float]) -> None:
+            if not metrics:
+                return
+            logger.log(step, metrics)
+            result.history.append({"step": step, **metrics})
+
+        deadline = Deadline(cfg.checkpoint.deadline_s)
+        try:
+            with graceful_stop() as stop:
+                if step == 0 and loop.val_at_start:
+                    log(0, self.validate())
+                    self.timer.pop()
+                if self.async_rollouts is not None:
+                    self.async_rollouts.start()
+                done_here = 0
+                while step < self.total_steps and (stop_after is None or done_here < stop_after):
+                    if stop.requested:
+                        break
+                    if deadline.should_stop():
+                        result.stopped_by_deadline = True
+                        logger.info(
+                            f"checkpoint.deadline_s={cfg.checkpoint.deadline_s} reached at step {step}"
+                        )
+                        break
+                    start = time.perf_counter()
+                    rollouts, collect_stats = self.collect(step)
+                    batch_metrics, train_metrics = {}, {}
+                    if collect_stats.get("dapo/short_batch"):
+                        kept = int(collect_stats["dapo/kept_groups"])
+                        rounds = int(collect_stats["dapo/generation_rounds"])  # = dapo.max_generation_rounds
+                        logger.info(
+                            f"step {step + 1}: dynamic sampling kept {kept} of {loop.prompts_per_step} groups "
+                            f"after dapo.max_generation_rounds={rounds}; "
+                            + ("training on those" if kept else "no update this step")
+                        )
+                    if rollouts.trajectories:
+                        batch, batch_metrics = self.algorithm.make_batch(rollouts)
+                        train_metrics = self.algorithm.train_on(batch)
+                    step, done_here = step + 1, done_here + 1
+                    metrics = {**rollouts.env_metrics, **collect_stats, **batch_metrics, **train_metrics}
+                    metrics.update(self.timer.pop())
+                    metrics["timing/step"] = time.perf_counter() - start
+                    log(step, metrics)
+                    self.write_samples(step, rollouts)
+                    if step % loop.val_every == 0 or step == self.total_steps:
+                        log(step, self.validate())
+                    deadline.record_step(time.perf_counter() - start)  # with validation, if any
+                    if cfg.checkpoint.enabled and step % cfg.checkpoint.save_every == 0:
+                        saving = time.perf_counter()
+                        result.last_checkpoint = self.save(step, result.history)
+                        deadline.record_save(time.perf_counter() - saving)
+                result.step = step
+                # the last finished step, unless saved already (none before the first step on a signal)
+                unsaved = result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"
+                if cfg.checkpoint.enabled and unsaved and (step > 0 or not stop.requested):
+                    result.last_checkpoint = self.save(step, result.history)
+                stop.raise_if_requested()
+        except KeyboardInterrupt:
+            print_interrupted(self.checkpointer.latest())
+            raise
+        except WorkerLostError as e:
+            raise e.with_checkpoint(self.checkpointer.latest()) from None
+        finally:
+            if self.async_rollouts is not None:
+                self.async_rollouts.stop()
+            logger.info(run_summary(result, self.total_steps, cfg.checkpoint))
+            logger.close()
+            if cfg.logging.plots:
+                plot_run(self.run_dir, self.algorithm.plots)
+        return result
