@@ -203,6 +203,12 @@ def _needs(value: torch.Tensor | None, what: str, estimator: str) -> torch.Tenso
     return value
 
 
+def _group(knobs: GroupKnobs) -> dict[str, bool]:
+    """grpo_advantages' keyword arguments from the group knobs."""
+    names = ("normalize_std", "leave_one_out", "leave_one_out_std")
+    return {name: getattr(knobs, name) for name in names}
+
+
 def _rewards(x: AdvantageInputs) -> torch.Tensor:
     """The rewards, minus β Σ_t KL_t when ``x.kl`` is given (``kl_penalized_rewards``)."""
     if x.kl is None:
@@ -213,16 +219,7 @@ def _rewards(x: AdvantageInputs) -> torch.Tensor:
 @register_advantage_estimator("grpo")
 def grpo_estimator(inputs: AdvantageInputs, knobs: GroupKnobs) -> torch.Tensor:
     """``grpo_advantages`` of the (KL-penalised) rewards with the group knobs; [N]."""
-    return on_trainable_rows(
-        inputs,
-        lambda x: grpo_advantages(
-            _rewards(x),
-            x.group_ids,
-            normalize_std=knobs.normalize_std,
-            leave_one_out=knobs.leave_one_out,
-            leave_one_out_std=knobs.leave_one_out_std,
-        ),  # fmt: skip
-    )
+    return on_trainable_rows(inputs, lambda x: grpo_advantages(_rewards(x), x.group_ids, **_group(knobs)))
 
 
 @register_advantage_estimator("dr_grpo")
@@ -241,16 +238,12 @@ def rloo_estimator(inputs: AdvantageInputs, knobs: Any) -> torch.Tensor:
 def reinforce_pp_estimator(inputs: AdvantageInputs, knobs: ReinforcePPKnobs) -> torch.Tensor:
     """``reinforce_pp_advantages``: batch-normalised, [N]; with ``inputs.kl`` the KL is a per-token
     reward (return-to-go), normalised over the valid tokens, [N, T]."""
+    baseline = knobs.minus_baseline
     return on_trainable_rows(
         inputs,
         lambda x: reinforce_pp_advantages(
-            x.rewards,
-            x.group_ids,
-            group_baseline=knobs.minus_baseline,
-            kl=x.kl,
-            mask=x.mask,
-            kl_beta=x.kl_beta,
-        ),  # fmt: skip
+            x.rewards, x.group_ids, group_baseline=baseline, kl=x.kl, mask=x.mask, kl_beta=x.kl_beta
+        ),
         per_token=inputs.kl is not None,
     )
 
@@ -265,14 +258,8 @@ def gdpo_estimator(inputs: AdvantageInputs, knobs: GDPOKnobs) -> torch.Tensor:
     return on_trainable_rows(
         inputs,
         lambda x: gdpo_advantages(
-            x.rewards,
-            x.group_ids,
-            components=x.components,
-            weights=weights,
-            normalize_std=knobs.normalize_std,
-            leave_one_out=knobs.leave_one_out,
-            leave_one_out_std=knobs.leave_one_out_std,
-        ),  # fmt: skip
+            x.rewards, x.group_ids, components=x.components, weights=weights, **_group(knobs)
+        ),
     )
 
 
