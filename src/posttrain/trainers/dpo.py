@@ -27,10 +27,11 @@ from posttrain.algorithms.preference import (
     preference_logits,
     sequence_logprobs,
 )
-from posttrain.config.schema import DPOConfig
+from posttrain.config.preference import DPOConfig
 from posttrain.data.preference import PreferenceBatch
 from posttrain.distributed.actor_group import ActorGroup
-from posttrain.trainers.preference import PreferenceResult, PreferenceTrainer, run_trainer
+from posttrain.trainers.loop import RunResult, run_loop
+from posttrain.trainers.preference import PreferenceTrainer, ValidationBatches
 
 
 def dpo_loss(
@@ -92,8 +93,9 @@ def preference_scores(
     }
 
 
-class DPOTrainer(PreferenceTrainer):
-    algorithm = "dpo"
+class DPO:
+    """The DPO objective of a `PreferenceTrainer`: an actor group with the frozen reference policy."""
+
     plots = (
         "loss",
         "rewards/accuracy",
@@ -103,19 +105,17 @@ class DPOTrainer(PreferenceTrainer):
         "val/loss",
     )
 
-    def __init__(self, cfg: DPOConfig) -> None:
-        super().__init__(cfg, cfg.dpo)
-        self._val_reference: dict[int, torch.Tensor] = {}
-
-    def build_policy(self) -> ActorGroup:
-        return ActorGroup(
-            self.cfg.policy,
-            self.cfg.cluster,
-            model_path=self.model_path,
-            total_steps=self.total_steps,
-            tokenizer_path=self.tokenizer_path,
+    def __init__(self, run: PreferenceTrainer) -> None:
+        self.loop = run.cfg.dpo
+        self.policy = ActorGroup(
+            run.cfg.policy,
+            run.cfg.cluster,
+            model_path=run.model_path,
+            total_steps=run.total_steps,
+            tokenizer_path=run.tokenizer_path,
             reference=True,
         )
+        self._val_reference: dict[int, torch.Tensor] = {}
 
     def reference_sequence_logprobs(self, batch: PreferenceBatch) -> torch.Tensor:
         """[2P] sequence log-probabilities of the responses under the frozen reference policy."""
@@ -142,11 +142,11 @@ class DPOTrainer(PreferenceTrainer):
         out = self.policy.train(batch, self.loss_fn(batch), float(batch.num_pairs))
         return {**out.loss_metrics, "grad_norm": out.grad_norm, "lr": out.lr, "tokens": out.num_tokens}
 
-    def validate(self) -> dict[str, float]:
+    def validate(self, batches: ValidationBatches) -> dict[str, float]:
         """Held-out loss, implicit-reward accuracy/margin, and the share of pairs where π prefers the chosen."""
         totals: dict[str, float] = {}
         pairs = 0
-        for k, batch in self.validation_batches():
+        for k, batch in batches:
             if k not in self._val_reference:  # the reference is frozen: score the held-out set once
                 self._val_reference[k] = self.reference_sequence_logprobs(batch)
             batch.reference_logps = self._val_reference[k]
@@ -167,6 +167,6 @@ class DPOTrainer(PreferenceTrainer):
         return {f"val/{name}": value / max(pairs, 1) for name, value in totals.items()}
 
 
-def run_dpo(cfg: DPOConfig, *, stop_after: int | None = None) -> PreferenceResult:
+def run_dpo(cfg: DPOConfig, *, stop_after: int | None = None) -> RunResult:
     """Train; `stop_after` ends this invocation after that many steps (a later call resumes)."""
-    return run_trainer(DPOTrainer(cfg), stop_after)
+    return run_loop(PreferenceTrainer(cfg, "dpo", cfg.dpo, DPO), stop_after=stop_after)

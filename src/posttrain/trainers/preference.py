@@ -1,24 +1,24 @@
-"""The loop DPO and reward-model training share: pairs in, one optimizer step per batch of pairs.
+"""The run DPO and reward-model training share: pairs in, one optimizer step per batch of pairs.
 
-A subclass names its algorithm and provides three phases: `build_policy` (the worker group),
-`train_step` (one optimizer step on a `PreferenceBatch`) and `validate` (held-out metrics).
-Everything else mirrors SFT: resumable data order and RNG, atomic checkpoints with keep-last-K and
-keep-best-K (by `checkpoint.metric`, default `val/loss`, which both log), a wall-clock
-`checkpoint.deadline_s` that saves and stops cleanly, JSONL/TensorBoard/console logging, SIGTERM as
-a clean interrupt, and PNG plots at the end.
+`PreferenceTrainer` is the `Trainer` the run loop (`trainers/loop.py`) drives for both: the tokenizer,
+the pair datasets, the resumable data order, checkpoints and the run's description. What differs is an
+objective beside it (`PreferenceObjective`: DPO in dpo.py, the Bradley–Terry reward model in rm.py),
+which owns the policy workers, takes one optimizer step on a `PreferenceBatch` and computes the
+held-out metrics. Checkpoints are ranked for keep_best by `checkpoint.metric` (default `val/loss`,
+which both log).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from posttrain.checkpoint import Deadline, resolve_resume
 from posttrain.config.loader import ConfigError
-from posttrain.config.schema import PreferenceTrainerConfig
+from posttrain.config.preference import PreferenceTrainerConfig
 from posttrain.data.batching import EpochSampler
 from posttrain.data.preference import (
     PreferenceBatch,
@@ -27,48 +27,49 @@ from posttrain.data.preference import (
     collate_pairs,
 )
 from posttrain.distributed.policy_group import PolicyGroup
-from posttrain.errors import WorkerLostError
-from posttrain.logging import MetricsLogger
-from posttrain.logging.plots import plot_curves
 from posttrain.logging.progress import stage
 from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.trainers.common import (
-    GracefulStop,
     epochs_notice,
-    graceful_stop,
-    latest_values,
     load_controller_state,
     make_checkpointer,
     prepare_run_dir,
-    print_interrupted,
-    run_summary,
-    save_controller_state,
     seed_everything,
-    truncate_step_log,
+    write_policy_checkpoint,
 )
+from posttrain.trainers.loop import RunPlan
+
+ValidationBatches = Iterator[tuple[int, PreferenceBatch]]
+"""(index of the batch, batch) over the held-out pairs, `global_batch_size` pairs at a time."""
 
 
-@dataclass
-class PreferenceResult:
-    run_dir: Path
-    step: int
-    history: list[dict[str, float]] = field(default_factory=list)
-    last_checkpoint: Path | None = None
-    stopped_by_deadline: bool = False
+class PreferenceObjective(Protocol):
+    """DPO or RM beside a `PreferenceTrainer`: the policy workers it trains (`policy`), one optimizer
+    step on a batch of pairs (its metrics) and the held-out metrics ("val/..." keys)."""
+
+    policy: PolicyGroup
+    plots: tuple[str, ...]
+
+    def train_step(self, batch: PreferenceBatch) -> dict[str, float]: ...
+
+    def validate(self, batches: ValidationBatches) -> dict[str, float]: ...
 
 
 class PreferenceTrainer:
-    """Holds the data and workers of one DPO or RM run; `fit()` is the loop."""
+    """One DPO or RM run; `objective(self)` builds the objective once data and step count are known."""
 
-    algorithm = "preference"
-    plots: tuple[str, ...] = ("loss",)
-
-    def __init__(self, cfg: Any, loop: PreferenceTrainerConfig) -> None:
-        self.cfg, self.loop = cfg, loop
+    def __init__(
+        self,
+        cfg: Any,
+        algorithm: str,
+        loop: PreferenceTrainerConfig,
+        objective: Callable[[PreferenceTrainer], PreferenceObjective],
+    ) -> None:
         from posttrain.models.hub import resolve_model
 
+        self.cfg, self.algorithm, self.loop = cfg, algorithm, loop
         self.model_path = resolve_model(cfg.policy.model_name)  # a missing model fails before the run dir
-        self.run_dir = prepare_run_dir(cfg.logging.run_dir, self.algorithm, cfg)
+        self.run_dir = prepare_run_dir(cfg.logging.run_dir, algorithm, cfg)
         seed_everything(loop.seed)
         self.tokenizer, self.tokenizer_path = training_tokenizer(
             cfg.policy.tokenizer_name or self.model_path,
@@ -85,7 +86,8 @@ class PreferenceTrainer:
             self.total_steps = min(self.total_steps, loop.max_steps)
         self._check_batch_layout()
         self.checkpointer = make_checkpointer(self.run_dir / "checkpoints", cfg.checkpoint)
-        self.policy = self.build_policy()
+        self.objective = objective(self)
+        self.plan = RunPlan(self.total_steps, loop.val_every, loop.val_at_start, self.objective.plots)
 
     def _dataset(self, data_cfg: Any) -> PreferenceDataset:
         return build_preference_dataset(
@@ -105,152 +107,67 @@ class PreferenceTrainer:
                 f"must be even for {section.upper()} (a chosen and a rejected sequence per pair)"
             )
 
-    # ---------------------------------------------------------------- phases (subclasses)
-    def build_policy(self) -> PolicyGroup:
-        raise NotImplementedError
-
-    def train_step(self, batch: PreferenceBatch) -> dict[str, float]:
-        raise NotImplementedError
-
-    def validate(self) -> dict[str, float]:
-        raise NotImplementedError
-
-    def staged_validate(self) -> dict[str, float]:
-        """`validate` as the run's "validate" stage on the console."""
-        with stage("validate"):
-            return self.validate()
-
-    # ---------------------------------------------------------------- helpers
     def batch_of(self, indices: list[int], data: PreferenceDataset) -> PreferenceBatch:
         return collate_pairs([data.pairs[i] for i in indices], pad_id=self.pad_id)
 
-    def validation_batches(self) -> Iterator[tuple[int, PreferenceBatch]]:
-        """(index of the batch, batch) over the held-out pairs, `global_batch_size` pairs at a time."""
+    def validation_batches(self) -> ValidationBatches:
         assert self.val_data is not None
         size = self.loop.global_batch_size
         starts = list(range(0, len(self.val_data), size))[: self.loop.val_batches]
         for k, start in enumerate(starts):
             yield k, self.batch_of(list(range(start, min(start + size, len(self.val_data)))), self.val_data)
 
-    # ---------------------------------------------------------------- state
-    def save(self, step: int, metrics: dict[str, float]) -> Path:
-        """Checkpoint the policy, tokenizer and controller; `metrics` (latest values) rank it for keep_best."""
+    # ---------------------------------------------------------------- the run loop's Trainer
+    def describe(self) -> list[str]:
+        t, v, loop = self.train_data, self.val_data, self.loop
+        notice = epochs_notice(
+            self.algorithm, loop.max_steps, loop.num_epochs, self.sampler.batches_per_epoch, len(t)
+        )
+        return [
+            f"{self.algorithm.upper()}: {len(t)} train pairs ({t.num_truncated} truncated, {t.num_dropped} dropped "
+            f"at max_seq_len={self.cfg.policy.max_seq_len}), {len(v) if v else 0} validation; "
+            f"{self.total_steps} steps of {loop.global_batch_size} pairs on "
+            f"{self.cfg.cluster.policy_workers()} worker(s); run dir {self.run_dir}",
+            *([notice] if notice else []),
+        ]
 
-        def write(directory: Path) -> None:
-            self.policy.save_checkpoint(directory)
-            self.tokenizer.save_pretrained(directory / "model")  # the model folder loads on its own
-            save_controller_state(directory, step, {"sampler": self.sampler.state_dict()}, self.cfg)
-
-        return self.checkpointer.save(step, write, metrics=metrics)
-
-    def restore(self, checkpoint: Path) -> int:
-        self.policy.load_checkpoint(checkpoint)
+    def restore(self, checkpoint: Path | None) -> int:
+        if checkpoint is None:
+            return 0
+        self.objective.policy.load_checkpoint(checkpoint)
         state = load_controller_state(checkpoint)
         self.sampler.load_state_dict(state["sampler"])
         return state["step"]
 
-    def describe(self) -> str:
-        t, v = self.train_data, self.val_data
-        return (
-            f"{self.algorithm.upper()}: {len(t)} train pairs ({t.num_truncated} truncated, {t.num_dropped} dropped "
-            f"at max_seq_len={self.cfg.policy.max_seq_len}), {len(v) if v else 0} validation; "
-            f"{self.total_steps} steps of {self.loop.global_batch_size} pairs on "
-            f"{self.cfg.cluster.policy_workers()} worker(s); run dir {self.run_dir}"
+    def running(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def train_step(self, step: int, info: Callable[[str], None]) -> dict[str, float]:
+        """The objective's optimizer step on the next `global_batch_size` pairs, timed."""
+        start = time.perf_counter()
+        batch = self.batch_of(self.sampler.next_batch(), self.train_data)
+        with stage("train"):
+            metrics = self.objective.train_step(batch)
+        elapsed = time.perf_counter() - start
+        metrics.update({"timing/step": elapsed, "pairs_per_s": batch.num_pairs / elapsed})
+        metrics["epoch"] = self.sampler.epoch
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        return {} if self.val_data is None else self.objective.validate(self.validation_batches())
+
+    def save(self, step: int, metrics: dict[str, float]) -> Path:
+        """Checkpoint the policy, tokenizer and controller; `metrics` (latest values) rank it for keep_best."""
+        state = {"sampler": self.sampler.state_dict()}
+        write = functools.partial(
+            write_policy_checkpoint,
+            step=step,
+            policy=self.objective.policy,
+            tokenizer=self.tokenizer,
+            state=state,
+            config=self.cfg,
         )
+        return self.checkpointer.save(step, write, metrics=metrics)
 
-    # ---------------------------------------------------------------- loop
-    def fit(self, *, stop_after: int | None = None) -> PreferenceResult:
-        resume_from = resolve_resume(self.cfg.checkpoint.resume, self.checkpointer)
-        step = self.restore(resume_from) if resume_from else 0
-        result = PreferenceResult(self.run_dir, step, last_checkpoint=resume_from)
-        truncate_step_log(self.run_dir / "metrics.jsonl", step if resume_from else None)
-        logger = MetricsLogger(
-            self.cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step, config=self.cfg
-        )
-        logger.info(self.describe() + (f"; resumed from {resume_from}" if resume_from else ""))
-        loop = self.loop
-        notice = epochs_notice(
-            self.algorithm,
-            loop.max_steps,
-            loop.num_epochs,
-            self.sampler.batches_per_epoch,
-            len(self.train_data),
-        )
-        if notice:
-            logger.info(notice)
-
-        def log(step: int, metrics: dict[str, float]) -> None:
-            if metrics:
-                logger.log(step, metrics)
-                result.history.append({"step": step, **metrics})
-
-        try:
-            with graceful_stop() as stop:
-                self._loop(step, stop_after, result, log, logger, stop)
-                stop.raise_if_requested()  # after the last finished step was saved
-        except KeyboardInterrupt:
-            print_interrupted(self.checkpointer.latest())
-            raise
-        except WorkerLostError as e:
-            raise e.with_checkpoint(self.checkpointer.latest()) from None
-        finally:
-            logger.info(run_summary(result, self.total_steps, self.cfg.checkpoint))
-            logger.close()
-            plot_curves(self.run_dir, list(self.plots))
-        return result
-
-    def _loop(
-        self,
-        step: int,
-        stop_after: int | None,
-        result: PreferenceResult,
-        log: Any,
-        logger: MetricsLogger,
-        stop: GracefulStop,
-    ) -> None:
-        """Steps until total_steps, `stop_after` steps of this call, the deadline or a stop signal; then a
-        final save of the last finished step (unless saved already; none before the first step)."""
-        enabled, save_every = self.cfg.checkpoint.enabled, self.cfg.checkpoint.save_every
-        deadline = Deadline(self.cfg.checkpoint.deadline_s)
-
-        def save(step: int) -> None:
-            saving = time.perf_counter()
-            result.last_checkpoint = self.save(step, latest_values(result.history, step))
-            deadline.record_save(time.perf_counter() - saving)
-
-        if step == 0 and self.loop.val_at_start and self.val_data is not None:
-            log(0, self.staged_validate())
-        done_here = 0
-        while step < self.total_steps and (stop_after is None or done_here < stop_after):
-            if stop.requested:
-                break
-            if deadline.should_stop():
-                result.stopped_by_deadline = True
-                logger.info(f"checkpoint.deadline_s={self.cfg.checkpoint.deadline_s} reached at step {step}")
-                break
-            start = time.perf_counter()
-            batch = self.batch_of(self.sampler.next_batch(), self.train_data)
-            with stage("train"):
-                metrics = self.train_step(batch)
-            step, done_here = step + 1, done_here + 1
-            elapsed = time.perf_counter() - start
-            metrics.update({"timing/step": elapsed, "pairs_per_s": batch.num_pairs / elapsed})
-            metrics["epoch"] = self.sampler.epoch
-            log(step, metrics)
-            result.step = step
-            if self.val_data is not None and (step % self.loop.val_every == 0 or step == self.total_steps):
-                log(step, self.staged_validate())
-            deadline.record_step(time.perf_counter() - start)  # with validation, if any
-            if enabled and step % save_every == 0:
-                save(step)
-        result.step = step
-        unsaved = result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"
-        if enabled and unsaved and (step > 0 or not stop.requested):
-            save(step)
-
-
-def run_trainer(trainer: PreferenceTrainer, stop_after: int | None) -> PreferenceResult:
-    try:
-        return trainer.fit(stop_after=stop_after)
-    finally:
-        trainer.policy.shutdown()
+    def shutdown(self) -> None:
+        self.objective.policy.shutdown()

@@ -16,11 +16,12 @@ from __future__ import annotations
 import torch
 
 from posttrain.algorithms.preference import bradley_terry_loss, preference_accuracy_and_margin
-from posttrain.config.schema import RMConfig
+from posttrain.config.preference import RMConfig
 from posttrain.data.preference import PreferenceBatch
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.models.reward_model import RewardPolicy
-from posttrain.trainers.preference import PreferenceResult, PreferenceTrainer, run_trainer
+from posttrain.trainers.loop import RunResult, run_loop
+from posttrain.trainers.preference import PreferenceTrainer, ValidationBatches
 
 
 def rm_loss(
@@ -50,31 +51,29 @@ class RewardModelGroup(PolicyGroup):
         return torch.cat(self.workers.run(RewardPolicy.scores, [(chunk,) for chunk in chunks]))
 
 
-class RMTrainer(PreferenceTrainer):
-    algorithm = "rm"
+class RewardModel:
+    """The reward-model objective of a `PreferenceTrainer`: a scalar head fitted by Bradley–Terry."""
+
     plots = ("loss", "accuracy", "margin", "val/accuracy", "val/margin", "val/loss")
 
-    def __init__(self, cfg: RMConfig) -> None:
-        super().__init__(cfg, cfg.rm)
-
-    def build_policy(self) -> RewardModelGroup:
-        return RewardModelGroup(
-            self.cfg.policy,
-            self.cfg.cluster,
-            model_path=self.model_path,
-            total_steps=self.total_steps,
-            pad_token_id=self.pad_id,
+    def __init__(self, run: PreferenceTrainer) -> None:
+        self.policy = RewardModelGroup(
+            run.cfg.policy,
+            run.cfg.cluster,
+            model_path=run.model_path,
+            total_steps=run.total_steps,
+            pad_token_id=run.pad_id,
         )
 
     def train_step(self, batch: PreferenceBatch) -> dict[str, float]:
         out = self.policy.train(batch, rm_loss, float(batch.num_pairs))
         return {**out.loss_metrics, "grad_norm": out.grad_norm, "lr": out.lr, "tokens": out.num_tokens}
 
-    def validate(self) -> dict[str, float]:
+    def validate(self, batches: ValidationBatches) -> dict[str, float]:
         """Held-out Bradley–Terry loss, accuracy and margin over all validation pairs."""
         totals = {"loss": 0.0, "accuracy": 0.0, "margin": 0.0}
         pairs = 0
-        for _, batch in self.validation_batches():
+        for _, batch in batches:
             scores = self.policy.scores(batch)
             chosen, rejected = scores[0::2], scores[1::2]
             accuracy, margin = preference_accuracy_and_margin(chosen, rejected)
@@ -85,6 +84,6 @@ class RMTrainer(PreferenceTrainer):
         return {f"val/{name}": value / max(pairs, 1) for name, value in totals.items()}
 
 
-def run_rm(cfg: RMConfig, *, stop_after: int | None = None) -> PreferenceResult:
+def run_rm(cfg: RMConfig, *, stop_after: int | None = None) -> RunResult:
     """Train; `stop_after` ends this invocation after that many steps (a later call resumes)."""
-    return run_trainer(RMTrainer(cfg), stop_after)
+    return run_loop(PreferenceTrainer(cfg, "rm", cfg.rm, RewardModel), stop_after=stop_after)
