@@ -9,8 +9,10 @@ import torch
 from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
 from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs
 from posttrain.config.schema import AdvantageConfig, GRPOConfig, LossConfig
-from posttrain.rollout.rollout import RLBatch, Rollouts, Trajectory
-from posttrain.trainers.grpo import GRPOTrainer, collect_groups
+from posttrain.data.trajectory import Trajectory
+from posttrain.rollout.rollout import RLBatch, Rollouts
+from posttrain.trainers.grpo import GRPOTrainer
+from posttrain.trainers.rl.collect import collect_groups
 
 
 def _rollouts(rewards_per_group: list[list[float]], first_group: int = 0) -> Rollouts:

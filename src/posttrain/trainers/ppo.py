@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from posttrain.algorithms.advantages import clip_advantages, raw_reward_advantages
 from posttrain.algorithms.dapo import overlong_filter_mask
-from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards, whiten
+from posttrain.algorithms.estimators import AdvantageInputs, advantage_estimator, finish_advantages
+from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards
 from posttrain.algorithms.metrics import accumulate_metrics, scored_reward_metrics
 from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
 from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
@@ -45,7 +45,6 @@ from posttrain.distributed.critic_group import (
     split_critic_cluster,
 )
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
-from posttrain.trainers.grpo import collect_groups
 from posttrain.trainers.rl.batch import (
     batch_stats,
     filter_logprob_errors,
@@ -53,6 +52,7 @@ from posttrain.trainers.rl.batch import (
     reward_kl,
     shaped_rewards,
 )
+from posttrain.trainers.rl.collect import collect_groups
 from posttrain.trainers.rl.protocol import PolicyWorkers
 from posttrain.trainers.rl.runtime import RLResult, RLRuntime
 
@@ -243,17 +243,13 @@ class PPOTrainer:
         )
         with self.runtime.timer("values"):
             values = self.critic.values(tokens)
+        # the value targets R = A + V (λ_critic); the policy's advantages from the registry (gae, raw_reward)
         critic_side = gae_advantages(per_token, values.double(), mask, gamma=adv.gamma, lam=adv.lam_critic)
-        lam_actor = (
-            length_adaptive_lambda(mask.sum(-1), alpha=adv.lam_actor_alpha)
-            if adv.lam_actor_alpha is not None
-            else adv.lam_actor
+        inputs = AdvantageInputs(
+            rewards, rollouts.group_ids, mask=mask, token_rewards=per_token, values=values
         )
-        actor_side = gae_advantages(per_token, values.double(), mask, gamma=adv.gamma, lam=lam_actor)
-        raw = actor_side.advantages
-        if adv.estimator == "raw_reward":  # A = r on every assistant token; the critic is left out
-            raw = raw_reward_advantages(rewards.double(), mask)
-        advantages = clip_advantages(whiten(raw, mask) if adv.whiten else raw, adv.clip).float()
+        raw = advantage_estimator(adv.estimator)(inputs, adv)  # before whitening: advantages/mean, std
+        advantages = finish_advantages(raw, inputs, adv).float()
         loss_mask = (
             mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
             if cfg.dapo.overlong_filter
@@ -268,6 +264,7 @@ class PPOTrainer:
         if kl is not None:
             metrics["reward/kl_penalty"] = float(cfg.loss.kl_beta * kl.sum(-1).mean())
         if adv.lam_actor_alpha is not None:
+            lam_actor = length_adaptive_lambda(mask.sum(-1), alpha=adv.lam_actor_alpha)
             metrics["advantages/lam_actor_mean"] = float(torch.as_tensor(lam_actor).double().mean())
         return batch, metrics
 

@@ -36,6 +36,7 @@ from posttrain.distributed.teacher_group import (
 )
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.environments.interface import check_verifier_errors
+from posttrain.environments.tools import prompt_ids_of
 from posttrain.errors import WorkerLostError
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.worker import refit_cast_dtype
@@ -44,14 +45,8 @@ from posttrain.logging.plots import plot_run
 from posttrain.logging.progress import staged
 from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.rollout.agent import run_agent_rollouts
-from posttrain.rollout.rollout import (
-    RLBatch,
-    Rollouts,
-    prompt_ids_of,
-    run_rollouts,
-    start_episodes,
-    transcript,
-)
+from posttrain.rollout.episode import start_episodes
+from posttrain.rollout.rollout import RLBatch, Rollouts, run_rollouts, transcript
 from posttrain.rollout.tasks import load_tasks
 from posttrain.trainers.common import (
     graceful_stop,
