@@ -15,9 +15,10 @@ Group statistics are computed in float64.
 
 Estimators: ``grpo_advantages`` (and ``dr_grpo_advantages``, ``rloo_advantages``),
 ``reinforce_pp_advantages``, ``gdpo_advantages`` (several named reward components,
-``components=[N, K]``), ``raw_reward_advantages``; ``trainable_samples`` says which samples carry a
-learning signal. The registry that names them with one signature, and restricts them to the
-trainable samples, is ``posttrain.algorithms.estimators`` (docs/algorithms.md).
+``components=[N, K]``), ``raw_reward_advantages``, REINFORCE's moving-average baseline
+(``moving_average_baseline``, ``baseline_advantages``: no groups); ``trainable_samples`` says
+which samples carry a learning signal. The registry that names them with one signature, and
+restricts them to the trainable samples, is ``posttrain.algorithms.estimators`` (docs/algorithms.md).
 Around them: ``scale_rewards`` (NeMo RL's reward scaling), ``kl_penalized_rewards`` /
 ``kl_penalized_returns`` (the KL to a reference as a reward penalty), ``clip_advantages`` and
 ``message_advantage_penalties``.
@@ -366,6 +367,33 @@ def raw_reward_advantages(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
     if mask.dim() != 2 or mask.shape[0] != r.shape[0]:
         raise ValueError(f"mask {tuple(mask.shape)} must be [B, T] with B = {r.shape[0]}")
     return torch.where(mask.to(torch.bool), r.unsqueeze(-1), torch.zeros((), dtype=r.dtype))
+
+
+def moving_average_baseline(
+    baseline: float | None, rewards: torch.Tensor, *, momentum: float, scored: torch.Tensor | None = None
+) -> float | None:
+    """REINFORCE's moving-average baseline after one batch: b <- m b + (1 - m) mean(r), the mean
+    over the batch's scored samples, in float64 (Williams 1992; Sutton & Barto 13.4). The first
+    batch (``baseline`` None) sets b = mean(r); a batch without a scored sample leaves b as it is.
+    Shapes: rewards [N], scored [N] bool (None: all scored)."""
+    r = _as_float(rewards).double()
+    if scored is not None:
+        r = r[scored.to(torch.bool)]
+    if r.numel() == 0:
+        return baseline
+    mean = float(r.mean())
+    return mean if baseline is None else momentum * baseline + (1.0 - momentum) * mean
+
+
+def baseline_advantages(
+    rewards: torch.Tensor, baseline: float | None, *, scored: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A_i = r_i - b for the scored samples, 0 for the others; [N] float64. ``baseline`` None (no
+    batch seen yet): b = this batch's scored mean (``moving_average_baseline(None, ...)``)."""
+    r = _as_float(rewards).double()
+    b = baseline if baseline is not None else moving_average_baseline(None, r, momentum=0.0, scored=scored)
+    keep = torch.ones_like(r, dtype=torch.bool) if scored is None else scored.to(torch.bool)
+    return torch.where(keep, r - (0.0 if b is None else b), torch.zeros((), dtype=r.dtype))
 
 
 def message_advantage_penalties(

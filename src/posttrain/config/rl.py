@@ -198,7 +198,7 @@ def generation_logprob_uses(cfg: Any, loop: str) -> list[str]:
         uses.append(f"{loop}.async_mode=true corrects stale data with the behaviour logprobs")
     if loss.kl_in_reward and loss.kl_beta > 0 and section.updates_per_batch == 1:
         uses.append(f"loss.kl_in_reward with {loop}.updates_per_batch=1 takes π_old from the generator")
-    estimator = getattr(cfg.advantage, "estimator", None)
+    estimator = getattr(getattr(cfg, "advantage", None), "estimator", None)  # not every RL config has one
     if estimator == "on_policy_distill" and section.updates_per_batch == 1:
         uses.append(
             f"advantage.estimator=on_policy_distill with {loop}.updates_per_batch=1 takes the student's "
