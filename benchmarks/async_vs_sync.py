@@ -95,9 +95,9 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> dic
     print(f"  {arm} seed {seed}: load {loadavg()}", flush=True)
     trainer = GRPOTrainer(cfg)
     try:
-        result = trainer.fit()
+        result = trainer.runtime.fit()
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
     steps = [h for h in result.history if "timing/step" in h]
     times = [h["timing/step"] for h in steps]
     accuracy = [h["val/accuracy"] for h in result.history if "val/accuracy" in h][-1]

@@ -152,9 +152,9 @@ def grpo_rate(arm: str, latency_ms: float, args: argparse.Namespace, run_dir: Pa
     cfg = load_config(GRPOConfig, str(RECIPE), grpo_overrides(arm, latency_ms, args, run_dir))
     trainer = GRPOTrainer(cfg)
     try:
-        result = trainer.fit()
+        result = trainer.runtime.fit()
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
     times = [h["timing/step"] for h in result.history if "timing/step" in h][1:]
     rate = 3600 * len(times) / sum(times)
     print(

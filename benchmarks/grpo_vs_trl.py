@@ -208,7 +208,7 @@ class PosttrainSide:
         """--posttrain-async: every step in one `fit` (generation runs in the background); one record
         per step from the history, its phases as the trainer logged them. No per-step load average or
         CPU time (the generation actor is another process): the load at the end stands for them."""
-        result = self.trainer.fit()
+        result = self.trainer.runtime.fit()
         load1 = os.getloadavg()[0]
         for h in result.history:
             if "timing/step" not in h:
@@ -230,7 +230,7 @@ class PosttrainSide:
             )
 
     def shutdown(self) -> None:
-        self.trainer.shutdown()
+        self.trainer.runtime.shutdown()
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -452,7 +452,7 @@ def main() -> int:
     problems = pt.upcoming_problems(total)
     print(f"posttrain: trainer built in {pt.init_s:.1f} s", flush=True)
     if args.backend == "local":
-        optimizer = pt.trainer.policy.workers.instances[0].optimizer
+        optimizer = pt.trainer.runtime.policy.workers.instances[0].optimizer
         kind = (
             "fused"
             if optimizer.defaults.get("fused")

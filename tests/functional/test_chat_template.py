@@ -90,12 +90,12 @@ def test_grpo_workers_render_prompts_with_the_given_template(base_model_dir, tmp
     cfg = grpo_test_config(base_model_dir, tmp_path / "run", **{"policy.chat_template": json.dumps(TEMPLATE)})
     trainer = GRPOTrainer(cfg)
     try:
-        prompt = trainer.tokenizer.decode(trainer.probe_prompts[0])
+        prompt = trainer.tokenizer.decode(trainer.runtime.probe_prompts[0])
         assert prompt.startswith("### system\n") and prompt.endswith("### assistant\n"), prompt
         # every worker loads the tokenizer saved with the template
         assert load_tokenizer(str(tmp_path / "run" / "tokenizer")).chat_template == TEMPLATE
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
 
 
 def test_eval_takes_the_key_too(base_model_dir, tmp_path, capsys):

@@ -36,10 +36,10 @@ def _cfg(tiny_model_dir, run_dir, **extra):
 def _fit(cfg, **kwargs):
     trainer = GRPOTrainer(cfg)
     try:
-        result = trainer.fit(**kwargs)
-        return result, trainer.policy.state_dict()
+        result = trainer.runtime.fit(**kwargs)
+        return result, trainer.runtime.policy.state_dict()
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
 
 
 def _train_rows(result):
@@ -150,10 +150,10 @@ def test_a_killed_generation_worker_stops_the_async_run(ray_cluster, tiny_model_
         },
     )
     trainer = GRPOTrainer(cfg)
-    [actor] = trainer.generator.workers.actors
+    [actor] = trainer.runtime.generator.workers.actors
 
     def kill_after_first_step() -> None:
-        while trainer.policy_version < 1:
+        while trainer.runtime.policy_version < 1:
             time.sleep(0.05)
         ray.kill(actor, no_restart=True)
 
@@ -162,7 +162,7 @@ def test_a_killed_generation_worker_stops_the_async_run(ray_cluster, tiny_model_
         with pytest.raises(
             WorkerLostError, match=r"worker generation-0 died .*latest complete checkpoint: .*step_"
         ):
-            trainer.fit()
-        assert trainer.policy_version < 30
+            trainer.runtime.fit()
+        assert trainer.runtime.policy_version < 30
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()

@@ -46,7 +46,7 @@ def test_advantages_are_teacher_minus_sampler_logprobs(tiny_model_dir, teacher_d
         rollouts, _ = trainer.collect(0)
         batch, metrics = trainer.make_batch(rollouts)
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
     mask = batch.loss_mask.bool()
     assert mask.sum() > 0 and batch.advantages.shape == mask.shape
     teacher = _reference_token_logprobs(teacher_dir, batch.input_ids, batch.attention_mask)
@@ -63,7 +63,7 @@ def test_teacher_equal_to_the_policy_gives_no_signal(tiny_model_dir, tmp_path):
         rollouts, _ = trainer.collect(0)
         batch, metrics = trainer.make_batch(rollouts)
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
     # the sampler and the teacher run the same weights: only fp32 rounding separates them
     assert batch.advantages.abs().max() < 1e-4
     assert abs(metrics["distill/reverse_kl"]) < 1e-5

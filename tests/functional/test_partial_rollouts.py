@@ -123,9 +123,9 @@ def test_async_run_with_partial_rollouts_records_token_versions(tiny_model_dir, 
     )
     trainer = GRPOTrainer(cfg)
     try:
-        result = trainer.fit()
+        result = trainer.runtime.fit()
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
     rows = [h for h in result.history if "pg_loss" in h]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:

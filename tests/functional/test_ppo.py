@@ -221,9 +221,9 @@ def test_ppo_multi_turn_observation_tokens_masked(tiny_model_dir, tmp_path):
             assert bool((returns[s1:e1] == 0.75).all()) and bool((returns[s2:e2] == 0.5).all())
             assert e1 < s2 and mask[e1:s2].sum() == 0
             assert returns[e1:s2].abs().sum() == 0 and advantages[e1:s2].abs().sum() == 0
-        rows = _train_rows(trainer.fit())
+        rows = _train_rows(trainer.runtime.fit())
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
     assert len(rows) == 2
     assert all(r["episode/turns_mean"] == 2 and r["reward/mean"] == 0.75 for r in rows)
     assert all(r["critic/grad_norm"] > 0 for r in rows)
@@ -343,15 +343,15 @@ def test_critic_epochs_train_the_critic_more_often_than_the_policy(tiny_model_di
         return run
 
     trainer.critic.train = counted("critic", trainer.critic.train)
-    trainer.policy.train = counted("policy", trainer.policy.train)
+    trainer.runtime.policy.train = counted("policy", trainer.runtime.policy.train)
     try:
         assert trainer.critic_kwargs()["total_steps"] == 2 * 3 * 2
-        trainer.fit(stop_after=1)
+        trainer.runtime.fit(stop_after=1)
         assert calls == {"critic": 6, "policy": 0}  # step 1: the critic's warm-up
-        trainer.fit(stop_after=2)
+        trainer.runtime.fit(stop_after=2)
         assert calls == {"critic": 12, "policy": 2}
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
 
 
 def test_value_replay_trains_the_critic_on_the_last_batch_too(tiny_model_dir, tmp_path):
@@ -382,12 +382,12 @@ def test_value_replay_trains_the_critic_on_the_last_batch_too(tiny_model_dir, tm
 
     try:
         assert trainer.critic_kwargs()["total_steps"] == 2 * 1 * 2 * 2
-        trainer.fit(stop_after=1)
+        trainer.runtime.fit(stop_after=1)
         assert len(seen) == 2 and len(trainer.value_replay) == 1
         stored = trainer.value_replay[0]
         assert stored.values is None and stored.returns is not None
         v_old = trainer.critic.values(stored)  # the critic after step 1
-        trainer.fit(stop_after=2)
+        trainer.runtime.fit(stop_after=2)
         assert len(seen) == 2 + 4 and all(len(mb) == 2 for mb in seen[2:])
         replayed = rows(stored)
         matched = 0
@@ -401,7 +401,7 @@ def test_value_replay_trains_the_critic_on_the_last_batch_too(tiny_model_dir, tm
         assert matched == len(stored) == 4
         assert len(trainer.value_replay) == 1 and not rows(trainer.value_replay[0]).keys() & replayed.keys()
     finally:
-        trainer.shutdown()
+        trainer.runtime.shutdown()
 
 
 def test_ppo_recipe_file_runs_two_steps(tiny_model_dir, tmp_path):

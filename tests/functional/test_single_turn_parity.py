@@ -24,10 +24,11 @@ from posttrain.data.math import read_answer
 from posttrain.data.sources import load_rows
 from posttrain.data.tasks import build_tasks, tasks_within
 from posttrain.data.tokenize import encode_prompt
+from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.generation.sampling import SamplingParams
-from posttrain.rollout.rollout import Trajectory, build_rl_batch, run_rollouts
+from posttrain.rollout.rollout import build_rl_batch, run_rollouts
 
 SYSTEM = "Put the final answer in \\boxed{}."
 DATA = DatasetConfig(

@@ -30,8 +30,9 @@ from posttrain.distributed.student import DistillBatch
 from posttrain.distributed.teacher_group import StudentGroup
 from posttrain.models.distill_logprobs import StudentTopK
 from posttrain.rollout.rollout import Rollouts, build_rl_batch
+from posttrain.trainers.loop import RunResult, run_loop
 from posttrain.trainers.rl.protocol import PolicyWorkers
-from posttrain.trainers.rl.runtime import RLResult, RLRuntime
+from posttrain.trainers.rl.runtime import RLRuntime
 
 PLOTS = [
     "distill/divergence",
@@ -98,9 +99,6 @@ def distill_loss_fn(
     return loss, metrics
 
 
-DistillResult = RLResult
-
-
 class DistillTrainer:
     """On-policy distillation as an `RLAlgorithm`: a teacher's top-k in the batch instead of
     advantages, and a divergence as the loss. `DistillTrainer(cfg)` builds the runtime that runs it
@@ -144,12 +142,6 @@ class DistillTrainer:
     def close(self) -> None:
         """No workers of its own (the runtime releases the teacher)."""
 
-    def fit(self, *, stop_after: int | None = None) -> RLResult:
-        return self.runtime.fit(stop_after=stop_after)
-
-    def shutdown(self) -> None:
-        self.runtime.shutdown()
-
     # ---------------------------------------------------------------- phases
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         """The student's episodes for one step (no dynamic sampling: every sample teaches)."""
@@ -186,9 +178,6 @@ class DistillTrainer:
         return metrics
 
 
-def run_distill(cfg: DistillConfig, *, stop_after: int | None = None) -> RLResult:
-    trainer = DistillTrainer(cfg)
-    try:
-        return trainer.fit(stop_after=stop_after)
-    finally:
-        trainer.shutdown()
+def run_distill(cfg: DistillConfig, *, stop_after: int | None = None) -> RunResult:
+    """Train; `stop_after` ends this invocation after that many steps (a later call resumes)."""
+    return run_loop(DistillTrainer(cfg).runtime, stop_after=stop_after)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -34,6 +33,7 @@ from posttrain.config.schema import AdvantageConfig, GRPOConfig, TeacherConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, flagged_turn_tokens
+from posttrain.trainers.loop import RunResult, run_loop
 from posttrain.trainers.rl.asynchronous import behaviour_ratio_metrics, exactly_on_policy, logprob_gap_metrics
 from posttrain.trainers.rl.batch import (
     batch_stats,
@@ -44,7 +44,7 @@ from posttrain.trainers.rl.batch import (
 )
 from posttrain.trainers.rl.collect import collect_groups
 from posttrain.trainers.rl.protocol import PolicyWorkers
-from posttrain.trainers.rl.runtime import RLResult, RLRuntime
+from posttrain.trainers.rl.runtime import RLRuntime
 
 PLOTS = [
     "reward/mean",
@@ -86,9 +86,6 @@ def apply_message_penalties(
     return clip_advantages(penalised, adv.clip, low=adv.clip_low, high=adv.clip_high), metrics
 
 
-GRPOResult = RLResult
-
-
 class GRPOTrainer:
     """GRPO (and its variants) as an `RLAlgorithm`: the step's groups (dynamic sampling), the batch
     (shaped rewards; π_ref, π_old, the teacher's logprobs and the KL where the advantages need them;
@@ -126,29 +123,6 @@ class GRPOTrainer:
 
     def close(self) -> None:
         """No workers of its own."""
-
-    # ---------------------------------------------------------------- the run (the runtime's)
-    @property
-    def policy(self) -> ActorGroup:
-        return self.runtime.policy
-
-    @property
-    def generator(self) -> Any:
-        return self.runtime.generator
-
-    @property
-    def policy_version(self) -> int:
-        return self.runtime.policy_version
-
-    @property
-    def probe_prompts(self) -> list[list[int]]:
-        return self.runtime.probe_prompts
-
-    def fit(self, *, stop_after: int | None = None) -> RLResult:
-        return self.runtime.fit(stop_after=stop_after)
-
-    def shutdown(self) -> None:
-        self.runtime.shutdown()
 
     # ---------------------------------------------------------------- phases
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
@@ -266,7 +240,7 @@ class GRPOTrainer:
                     grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
                     **self.loss_fn_knobs,
                 )  # fmt: skip
-                out = self.policy.train(mb, loss_fn, normalizer)
+                out = self.runtime.policy.train(mb, loss_fn, normalizer)
                 accumulate_metrics(
                     metrics, {**out.loss_metrics, "grad_norm": out.grad_norm}, 1 / len(minibatches)
                 )
@@ -280,9 +254,6 @@ class GRPOTrainer:
         return metrics
 
 
-def run_grpo(cfg: GRPOConfig, *, stop_after: int | None = None) -> RLResult:
-    trainer = GRPOTrainer(cfg)
-    try:
-        return trainer.fit(stop_after=stop_after)
-    finally:
-        trainer.shutdown()
+def run_grpo(cfg: GRPOConfig, *, stop_after: int | None = None) -> RunResult:
+    """Train; `stop_after` ends this invocation after that many steps (a later call resumes)."""
+    return run_loop(GRPOTrainer(cfg).runtime, stop_after=stop_after)

@@ -45,6 +45,7 @@ from posttrain.distributed.critic_group import (
     split_critic_cluster,
 )
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
+from posttrain.trainers.loop import RunResult, run_loop
 from posttrain.trainers.rl.batch import (
     batch_stats,
     filter_logprob_errors,
@@ -54,7 +55,7 @@ from posttrain.trainers.rl.batch import (
 )
 from posttrain.trainers.rl.collect import collect_groups
 from posttrain.trainers.rl.protocol import PolicyWorkers
-from posttrain.trainers.rl.runtime import RLResult, RLRuntime
+from posttrain.trainers.rl.runtime import RLRuntime
 
 PLOTS = [
     "reward/mean",
@@ -130,7 +131,7 @@ class PPOTrainer:
         self.runtime = RLRuntime(cfg, self)
         self.tokenizer = self.runtime.tokenizer
         self.critic: SplitCritic | ColocatedCritic = (
-            ColocatedCritic(self.policy)  # type: ignore[arg-type]
+            ColocatedCritic(self.runtime.policy)  # type: ignore[arg-type]
             if cfg.critic.placement == "colocated"
             else SplitCritic(
                 cfg.critic.policy_config(cfg.policy),
@@ -176,17 +177,6 @@ class PPOTrainer:
 
     def describe(self) -> str:
         return ""
-
-    # ---------------------------------------------------------------- the run (the runtime's)
-    @property
-    def policy(self) -> PPOActorGroup:
-        return self.runtime.policy  # type: ignore[return-value]
-
-    def fit(self, *, stop_after: int | None = None) -> RLResult:
-        return self.runtime.fit(stop_after=stop_after)
-
-    def shutdown(self) -> None:
-        self.runtime.shutdown()
 
     # ---------------------------------------------------------------- phases
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
@@ -358,7 +348,7 @@ class PPOTrainer:
                     grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
                     **self.loss_fn_knobs,
                 )  # fmt: skip
-                add_mean(metrics, self.policy.train(mb, loss_fn, normalizer), updates)
+                add_mean(metrics, self.runtime.policy.train(mb, loss_fn, normalizer), updates)
         return metrics
 
     def train_on(self, batch: PPOBatch) -> dict[str, float]:
@@ -398,9 +388,6 @@ class PPOTrainer:
         self.critic.shutdown()
 
 
-def run_ppo(cfg: PPOConfig, *, stop_after: int | None = None) -> RLResult:
-    trainer = PPOTrainer(cfg)
-    try:
-        return trainer.fit(stop_after=stop_after)
-    finally:
-        trainer.shutdown()
+def run_ppo(cfg: PPOConfig, *, stop_after: int | None = None) -> RunResult:
+    """Train; `stop_after` ends this invocation after that many steps (a later call resumes)."""
+    return run_loop(PPOTrainer(cfg).runtime, stop_after=stop_after)

@@ -4,25 +4,25 @@
 group (and π_ref, a colocated teacher or critic inside it, as the algorithm asks), the generator
 (the policy itself when colocated, generation workers when split), the environment workers, a
 split teacher, the sampler and the checkpointer. It generates rollouts, refits the generator after
-every update and checks that it runs the policy's weights, validates, saves and restores, and runs
-the fit loop. The algorithm (`posttrain.trainers.rl.protocol.RLAlgorithm`) makes the batch and
-trains on it.
+every update and checks that it runs the policy's weights, validates, saves and restores: it is
+the run loop's `Trainer` (`posttrain.trainers.loop`), one step being collect, make the batch, train
+on it. The algorithm (`posttrain.trainers.rl.protocol.RLAlgorithm`) makes the batch and trains on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from posttrain.algorithms.metrics import pass_at_k
-from posttrain.checkpoint import Deadline, resolve_resume
 from posttrain.config.rollout import episode_token_budget
 from posttrain.data.batching import EpochSampler
 from posttrain.data.tasks import Task
@@ -37,29 +37,22 @@ from posttrain.distributed.teacher_group import (
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.environments.interface import check_verifier_errors
 from posttrain.environments.tools import prompt_ids_of
-from posttrain.errors import WorkerLostError
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.worker import refit_cast_dtype
-from posttrain.logging import MetricsLogger, Timer
-from posttrain.logging.plots import plot_run
-from posttrain.logging.progress import staged
+from posttrain.logging import Timer
 from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.rollout.agent import run_agent_rollouts
 from posttrain.rollout.episode import start_episodes
 from posttrain.rollout.rollout import RLBatch, Rollouts, run_rollouts, transcript
 from posttrain.rollout.tasks import load_tasks
 from posttrain.trainers.common import (
-    graceful_stop,
-    latest_values,
     load_controller_state,
     make_checkpointer,
     prepare_run_dir,
-    print_interrupted,
-    run_summary,
     save_controller_state,
     seed_everything,
-    truncate_step_log,
 )
+from posttrain.trainers.loop import RunPlan, RunResult, run_loop
 from posttrain.trainers.rl.asynchronous import AsyncRollouts
 from posttrain.trainers.rl.protocol import RLAlgorithm
 
@@ -70,17 +63,9 @@ def scored_mean(rewards: torch.Tensor, scored: torch.Tensor) -> float:
     return float(r.mean()) if len(r) else 0.0
 
 
-@dataclass
-class RLResult:
-    run_dir: Path
-    step: int
-    history: list[dict[str, float]] = field(default_factory=list)
-    last_checkpoint: Path | None = None
-    stopped_by_deadline: bool = False
-
-
 class RLRuntime:
-    """The workers and data of one RL run; `fit()` is the loop, `algorithm` makes and trains the batches."""
+    """The workers and data of one RL run, a `Trainer` of the run loop (`fit()` runs it); `algorithm`
+    makes and trains the batches."""
 
     def __init__(self, cfg: Any, algorithm: RLAlgorithm) -> None:
         self.cfg, self.algorithm, self.loop = cfg, algorithm, algorithm.loop
@@ -102,7 +87,10 @@ class RLRuntime:
         self.train_problems = self.build_tasks(cfg.data.train, max_prompt)
         self.val_problems = self.build_tasks(cfg.data.validation, max_prompt) if cfg.data.validation else []
         self.sampler = EpochSampler(len(self.train_problems), self.loop.prompts_per_step, seed=self.loop.seed)
-        self.total_steps = self.loop.max_steps
+        self.plan = RunPlan(
+            self.loop.max_steps, self.loop.val_every, self.loop.val_at_start, tuple(algorithm.plots),
+            step_logs=("metrics.jsonl", "samples.jsonl"),
+        )  # fmt: skip
         self.next_group_id = 0
         self.checkpointer = make_checkpointer(self.run_dir / "checkpoints", cfg.checkpoint)
         # the policy trains softmax(logits / T), the distribution rollouts are sampled from
@@ -314,7 +302,6 @@ class RLRuntime:
             )
 
     # ---------------------------------------------------------------- validation
-    @staged("validate")
     def validate(self) -> dict[str, float]:
         if not self.val_problems:
             return {}
@@ -349,7 +336,7 @@ class RLRuntime:
                 f.write(json.dumps({"step": step, **transcript(t)}, default=str) + "\n")
 
     # ---------------------------------------------------------------- state
-    def save(self, step: int, history: list[dict[str, float]]) -> Path:
+    def save(self, step: int, metrics: dict[str, float]) -> Path:
         def write(directory: Path) -> None:
             self.policy.save_checkpoint(directory)
             self.algorithm.save_state(directory)
@@ -360,11 +347,19 @@ class RLRuntime:
                 self.async_rollouts.save(directory)
 
         if self.async_rollouts is None:
-            return self.checkpointer.save(step, write, metrics=latest_values(history, step))
+            return self.checkpointer.save(step, write, metrics=metrics)
         with self.async_rollouts.paused():  # the sampler's position matches the buffer's contents
-            return self.checkpointer.save(step, write, metrics=latest_values(history, step))
+            return self.checkpointer.save(step, write, metrics=metrics)
 
-    def restore(self, checkpoint: Path) -> int:
+    def restore(self, checkpoint: Path | None) -> int:
+        """Load `checkpoint` and refit the generator; a fresh run (None) checks the generator instead."""
+        if checkpoint is None:
+            if self.refits:
+                # same weights on both sides yet: proves the check itself holds; an engine that serves
+                # the LoRA adapter (generation.vllm.lora_adapter) starts without one and gets it here
+                self.refit() if self.cfg.generation.vllm.lora_adapter else self.check_generator()
+                self.timer.pop()
+            return 0
         self.policy.load_checkpoint(checkpoint)
         state = load_controller_state(checkpoint)
         self.algorithm.load_state(checkpoint, state["step"])
@@ -388,100 +383,70 @@ class RLRuntime:
             self.split_generator.shutdown()
         self.policy.shutdown()
 
-    # ---------------------------------------------------------------- loop
-    def fit(self, *, stop_after: int | None = None) -> RLResult:
+    # ---------------------------------------------------------------- the run loop's side
+    def describe(self) -> list[str]:
         cfg, loop = self.cfg, self.loop
-        resume_from = resolve_resume(cfg.checkpoint.resume, self.checkpointer)
-        step = self.restore(resume_from) if resume_from else 0
-        if not resume_from and self.refits:
-            # same weights on both sides yet: proves the check itself holds; an engine that serves the
-            # LoRA adapter (generation.vllm.lora_adapter) starts without one and gets it here
-            self.refit() if cfg.generation.vllm.lora_adapter else self.check_generator()
-            self.timer.pop()
-        result = RLResult(self.run_dir, step, last_checkpoint=resume_from)
-        for log_file in ("metrics.jsonl", "samples.jsonl"):  # a resumed run logs no step twice
-            truncate_step_log(self.run_dir / log_file, step if resume_from else None)
-        logger = MetricsLogger(
-            cfg.logging, self.run_dir, total_steps=self.total_steps, start_step=step, config=cfg
-        )
         placement = cfg.generation.placement
         if self.split_generator is not None:
             placement += f", refit via {self.split_generator.transport}"
-        logger.info(
+        return [
             f"{self.algorithm.name}: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
             f"{loop.prompts_per_step} prompts x {loop.generations_per_prompt} generations per step; "
-            f"{self.total_steps} steps; generation {cfg.generation.backend} ({placement}); "
+            f"{loop.max_steps} steps; generation {cfg.generation.backend} ({placement}); "
             f"{self.algorithm.describe()}run dir {self.run_dir}"
-            + (f"; resumed from {resume_from}" if resume_from else "")
-        )
+        ]
 
-        def log(step: int, metrics: dict[str, float]) -> None:
-            if not metrics:
-                return
-            logger.log(step, metrics)
-            result.history.append({"step": step, **metrics})
-
-        deadline = Deadline(cfg.checkpoint.deadline_s)
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The asynchronous rollouts (if any) generate while the steps run."""
+        self.timer.pop()  # the first validation's timings are not step 1's
+        if self.async_rollouts is None:
+            yield
+            return
+        self.async_rollouts.start()
         try:
-            with graceful_stop() as stop:
-                if step == 0 and loop.val_at_start:
-                    log(0, self.validate())
-                    self.timer.pop()
-                if self.async_rollouts is not None:
-                    self.async_rollouts.start()
-                done_here = 0
-                while step < self.total_steps and (stop_after is None or done_here < stop_after):
-                    if stop.requested:
-                        break
-                    if deadline.should_stop():
-                        result.stopped_by_deadline = True
-                        logger.info(
-                            f"checkpoint.deadline_s={cfg.checkpoint.deadline_s} reached at step {step}"
-                        )
-                        break
-                    start = time.perf_counter()
-                    rollouts, collect_stats = self.collect(step)
-                    batch_metrics, train_metrics = {}, {}
-                    if collect_stats.get("dapo/short_batch"):
-                        kept = int(collect_stats["dapo/kept_groups"])
-                        rounds = int(collect_stats["dapo/generation_rounds"])  # = dapo.max_generation_rounds
-                        logger.info(
-                            f"step {step + 1}: dynamic sampling kept {kept} of {loop.prompts_per_step} groups "
-                            f"after dapo.max_generation_rounds={rounds}; "
-                            + ("training on those" if kept else "no update this step")
-                        )
-                    if rollouts.trajectories:
-                        batch, batch_metrics = self.algorithm.make_batch(rollouts)
-                        train_metrics = self.algorithm.train_on(batch)
-                    step, done_here = step + 1, done_here + 1
-                    metrics = {**rollouts.env_metrics, **collect_stats, **batch_metrics, **train_metrics}
-                    metrics.update(self.timer.pop())
-                    metrics["timing/step"] = time.perf_counter() - start
-                    log(step, metrics)
-                    self.write_samples(step, rollouts)
-                    if step % loop.val_every == 0 or step == self.total_steps:
-                        log(step, self.validate())
-                    deadline.record_step(time.perf_counter() - start)  # with validation, if any
-                    if cfg.checkpoint.enabled and step % cfg.checkpoint.save_every == 0:
-                        saving = time.perf_counter()
-                        result.last_checkpoint = self.save(step, result.history)
-                        deadline.record_save(time.perf_counter() - saving)
-                result.step = step
-                # the last finished step, unless saved already (none before the first step on a signal)
-                unsaved = result.last_checkpoint is None or result.last_checkpoint.name != f"step_{step:06d}"
-                if cfg.checkpoint.enabled and unsaved and (step > 0 or not stop.requested):
-                    result.last_checkpoint = self.save(step, result.history)
-                stop.raise_if_requested()
-        except KeyboardInterrupt:
-            print_interrupted(self.checkpointer.latest())
-            raise
-        except WorkerLostError as e:
-            raise e.with_checkpoint(self.checkpointer.latest()) from None
+            yield
         finally:
-            if self.async_rollouts is not None:
-                self.async_rollouts.stop()
-            logger.info(run_summary(result, self.total_steps, cfg.checkpoint))
-            logger.close()
-            if cfg.logging.plots:
-                plot_run(self.run_dir, self.algorithm.plots)
-        return result
+            self.async_rollouts.stop()
+
+    def train_step(self, step: int, info: Callable[[str], None]) -> dict[str, float]:
+        """Step `step + 1`: collect its rollouts, then (unless dynamic sampling kept none) the
+        algorithm's batch and update; a few samples go to samples.jsonl."""
+        start = time.perf_counter()
+        rollouts, collect_stats = self.collect(step)
+        batch_metrics, train_metrics = {}, {}
+        if collect_stats.get("dapo/short_batch"):
+            kept = int(collect_stats["dapo/kept_groups"])
+            rounds = int(collect_stats["dapo/generation_rounds"])  # = dapo.max_generation_rounds
+            info(
+                f"step {step + 1}: dynamic sampling kept {kept} of {self.loop.prompts_per_step} groups "
+                f"after dapo.max_generation_rounds={rounds}; "
+                + ("training on those" if kept else "no update this step")
+            )
+        if rollouts.trajectories:
+            batch, batch_metrics = self.algorithm.make_batch(rollouts)
+            train_metrics = self.algorithm.train_on(batch)
+        metrics = {**rollouts.env_metrics, **collect_stats, **batch_metrics, **train_metrics}
+        metrics.update(self.timer.pop())
+        metrics["timing/step"] = time.perf_counter() - start
+        self.write_samples(step + 1, rollouts)
+        return metrics
+
+    def fit(self, *, stop_after: int | None = None) -> RunResult:
+        """`run_loop` on this runtime (from checkpoint.resume: the latest checkpoint by default); its
+        workers stay up for another call (`shutdown()` releases them)."""
+        return run_loop(_WorkersKept(self), stop_after=stop_after)
+
+
+class _WorkersKept:
+    """An `RLRuntime` as the run loop's `Trainer`, except that the loop's final `shutdown()` keeps the
+    workers (`RLRuntime.fit` may run again, and its caller reads the policy after it)."""
+
+    def __init__(self, runtime: RLRuntime) -> None:
+        self.runtime = runtime
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runtime, name)
+
+    def shutdown(self) -> None:
+        """Nothing: `RLRuntime.shutdown` releases the workers."""
