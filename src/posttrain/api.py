@@ -144,7 +144,7 @@ def sft(
     callbacks: Sequence[Callback] = (),
     overrides: Sequence[str] = (),
 ) -> Any:
-    """`posttrain sft`: rows in `messages` or prompt/response form. Returns an `SFTResult`."""
+    """`posttrain sft`: rows in `messages` or prompt/response form. Returns a `RunResult`."""
     data = {"train": train_data, "validation": validation_data}
     return _train("sft", make_config("sft", config, overrides, data=data), callbacks)
 
@@ -157,7 +157,7 @@ def dpo(
     callbacks: Sequence[Callback] = (),
     overrides: Sequence[str] = (),
 ) -> Any:
-    """`posttrain dpo`: rows with prompt, chosen, rejected. Returns a `PreferenceResult`."""
+    """`posttrain dpo`: rows with prompt, chosen, rejected. Returns a `RunResult`."""
     data = {"train": train_data, "validation": validation_data}
     return _train("dpo", make_config("dpo", config, overrides, data=data), callbacks)
 
@@ -170,7 +170,7 @@ def rm(
     callbacks: Sequence[Callback] = (),
     overrides: Sequence[str] = (),
 ) -> Any:
-    """`posttrain rm`: a reward model on rows with prompt, chosen, rejected. Returns a `PreferenceResult`."""
+    """`posttrain rm`: a reward model on rows with prompt, chosen, rejected. Returns a `RunResult`."""
     data = {"train": train_data, "validation": validation_data}
     return _train("rm", make_config("rm", config, overrides, data=data), callbacks)
 
@@ -207,7 +207,7 @@ def grpo(
     overrides: Sequence[str] = (),
 ) -> Any:
     """`posttrain grpo`: rows are tasks (a `prompt` or `messages`, plus the fields the reward reads).
-    Returns a `GRPOResult`."""
+    Returns a `RunResult`."""
     args = (train_data, validation_data, reward_funcs, reward_weights, callbacks, overrides)
     return _rl("grpo", config, *args)
 

@@ -7,9 +7,10 @@ import torch
 
 from posttrain.algorithms.rl_loss import grpo_loss
 from posttrain.config.schema import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.generation.sampling import SamplingParams
-from posttrain.rollout.rollout import Trajectory, build_rl_batch
+from posttrain.rollout.rollout import build_rl_batch
 from posttrain.trainers.grpo import run_grpo
 
 

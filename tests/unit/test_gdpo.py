@@ -18,8 +18,9 @@ from posttrain.algorithms.estimators import (
     on_trainable_rows,
 )
 from posttrain.config.schema import AdvantageConfig, GRPOConfig
+from posttrain.data.trajectory import Trajectory
 from posttrain.environments.interface import EnvStepResult
-from posttrain.rollout.rollout import Rollouts, Trajectory
+from posttrain.rollout.rollout import Rollouts
 
 ONE_GROUP = torch.zeros(3, dtype=torch.long)
 
@@ -140,7 +141,8 @@ def test_gdpo_in_the_trainer_and_config():
 
 
 def test_reward_components_from_the_environment_to_the_rollouts():
-    from posttrain.rollout.rollout import EpisodeLimits, apply_step
+    from posttrain.data.trajectory import EpisodeLimits
+    from posttrain.rollout.episode import apply_step
 
     # the environment's contract: reward = the sum of its components (NeMo RL's tolerance)
     EnvStepResult([1.2], [None], [True], [{}], reward_components=[{"correct": 1.0, "format": 0.2}])

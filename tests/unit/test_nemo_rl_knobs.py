@@ -498,7 +498,8 @@ def test_positive_example_nll_in_the_trainer():
     # the batch carries the environment's rewards; positive_tokens counts the positive rows' valid
     # tokens over the whole minibatch; grpo_loss flags reward > 0
     from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
-    from posttrain.rollout.rollout import RLBatch, Trajectory, build_rl_batch
+    from posttrain.data.trajectory import Trajectory
+    from posttrain.rollout.rollout import RLBatch, build_rl_batch
 
     rows = [Trajectory([5, 6, 7], [0, 1, 1], [0.0, -1.0, -2.0], [], {}, 0, reward=r) for r in VAPO_REWARDS]
     built = build_rl_batch(rows, torch.zeros(3), 0)
@@ -584,8 +585,10 @@ def test_message_advantage_penalties_in_the_trainer():
     # the turn spans and the environment's per-turn flags travel on the trajectory; the penalty
     # replaces the flagged turn's tokens' advantage, then advantage.clip applies (NeMo RL's order)
     from posttrain.config.schema import AdvantageConfig
+    from posttrain.data.trajectory import EpisodeLimits, Trajectory
     from posttrain.environments.interface import EnvStepResult
-    from posttrain.rollout.rollout import EpisodeLimits, Trajectory, apply_step, flagged_turn_tokens
+    from posttrain.rollout.episode import apply_step
+    from posttrain.rollout.rollout import flagged_turn_tokens
     from posttrain.trainers.grpo import apply_message_penalties
 
     t = Trajectory([7, 8, 9, 10, 11], [0, 1, 1, 0, 1], [0.0] * 5, [], {}, 0)

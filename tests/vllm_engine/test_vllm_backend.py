@@ -14,11 +14,12 @@ require_vllm()
 from posttrain.algorithms.metrics import token_mult_prob_error  # noqa: E402
 from posttrain.algorithms.rl_loss import grpo_loss  # noqa: E402
 from posttrain.config.schema import GenerationConfig, OptimizerConfig, PolicyConfig, SchedulerConfig  # noqa: E402
+from posttrain.data.trajectory import Trajectory  # noqa: E402
 from posttrain.distributed.actor import ActorPolicy  # noqa: E402
 from posttrain.distributed.refit_check import RefitError, check_refit, probe_batch  # noqa: E402
 from posttrain.generation.sampling import SamplingParams, hf_generate  # noqa: E402
 from posttrain.generation.worker import GenerationWorker  # noqa: E402
-from posttrain.rollout.rollout import Trajectory, build_rl_batch  # noqa: E402
+from posttrain.rollout.rollout import build_rl_batch  # noqa: E402
 from posttrain.trainers.grpo import run_grpo  # noqa: E402
 from posttrain.weights.refit import pack_state_dict  # noqa: E402
 

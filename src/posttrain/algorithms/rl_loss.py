@@ -59,7 +59,7 @@ def grpo_loss(
     measure the engine mismatch, not how far the policy has moved since (NeMo RL's definition).
     That holds for rows sampled by π_old's own weights; in async mode stale rows also carry the
     policy's drift, so the trainer replaces both with their values over the fresh rows and reports
-    the stale rows' gap apart (`posttrain.trainers.grpo_async.logprob_gap_metrics`).
+    the stale rows' gap apart (`posttrain.trainers.rl.asynchronous.logprob_gap_metrics`).
 
     VAPO (``positive_example_nll_weight``): the positive samples are the rows whose environment
     reward (``batch.rewards``) is > 0, ``positive_normalizer`` their valid tokens in the whole
