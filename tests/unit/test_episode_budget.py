@@ -5,8 +5,6 @@ not with one turn's max_new_tokens; configurations where the budget and its limi
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ from posttrain.generation.sampling import SamplingParams
 from posttrain.rollout.continuous import turn_budget
 from posttrain.rollout.rollout import RLBatch, Rollouts
 from posttrain.trainers.grpo import GRPOTrainer
+from posttrain.trainers.rl.batch import loss_normalizers, shaped_rewards
 
 
 def _cfg(**overrides):
@@ -55,10 +54,10 @@ def test_overlong_shaping_of_a_multi_turn_episode_uses_the_episode_budget():
     # Budget 3 x 128 = 384, buffer 64: the penalty runs over (320, 384]:
     #   L = 300 -> 0;  L = 352 -> (320 - 352) / 64 = -0.5;  L = 384 -> -1.0 ... (384 - 64 - 384) / 64
     trainer = _trainer(**MULTI, **{"dapo.overlong_buffer": 64})
-    assert trainer.rewards(_episodes([300, 352, 384])).tolist() == [0.0, -0.5, -1.0]
+    assert shaped_rewards(trainer.cfg, _episodes([300, 352, 384])).tolist() == [0.0, -0.5, -1.0]
     # an explicit budget of 320: the buffer is (256, 320]: L = 300 -> (256 - 300) / 64 = -0.6875
     trainer = _trainer(**MULTI, **{"dapo.overlong_buffer": 64, "generation.max_episode_tokens": 320})
-    assert trainer.rewards(_episodes([300, 256])).tolist() == [-0.6875, 0.0]
+    assert shaped_rewards(trainer.cfg, _episodes([300, 256])).tolist() == [-0.6875, 0.0]
 
 
 def test_single_turn_overlong_shaping_is_unchanged():
@@ -66,7 +65,7 @@ def test_single_turn_overlong_shaping_is_unchanged():
     trainer = _trainer(
         **{"generation.max_new_tokens": 128, "dapo.overlong_buffer": 64, "policy.max_seq_len": 256}
     )
-    assert trainer.rewards(_episodes([64, 100, 128])).tolist() == [0.0, -0.5625, -1.0]
+    assert shaped_rewards(trainer.cfg, _episodes([64, 100, 128])).tolist() == [0.0, -0.5625, -1.0]
 
 
 def test_dr_grpo_normaliser_uses_the_episode_budget():
@@ -74,9 +73,9 @@ def test_dr_grpo_normaliser_uses_the_episode_budget():
     batch = RLBatch(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), mask)
     overrides = {"advantage.estimator": "dr_grpo", "loss.aggregation": "seq_mean_token_sum"}
     cfg = _cfg(**MULTI, **overrides)  # 2 sequences x 384 (before: 2 x 128)
-    assert GRPOTrainer.normalizers(SimpleNamespace(cfg=cfg), batch) == (768.0, 3.0)
+    assert loss_normalizers(cfg, batch) == (768.0, 3.0)
     cfg = _cfg(**overrides)  # one turn of 12: 2 x 12, as before
-    assert GRPOTrainer.normalizers(SimpleNamespace(cfg=cfg), batch) == (24.0, 3.0)
+    assert loss_normalizers(cfg, batch) == (24.0, 3.0)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from posttrain.config.schema import AdvantageConfig, GRPOConfig, LossConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.rollout.rollout import RLBatch, Rollouts
 from posttrain.trainers.grpo import GRPOTrainer
+from posttrain.trainers.rl.batch import loss_normalizers
 from posttrain.trainers.rl.collect import collect_groups
 
 
@@ -106,7 +107,7 @@ def test_normalizers_count_only_sequences_in_the_loss(aggregation, expected):
 
     cfg = grpo_test_config("m", "r", **{"loss.aggregation": aggregation, "dapo.overlong_filter": True})
     batch = _batch([[0, 1, 1, 0], [0, 0, 0, 0], [0, 1, 1, 0]])
-    assert GRPOTrainer.normalizers(SimpleNamespace(cfg=cfg), batch) == expected
+    assert loss_normalizers(cfg, batch) == expected
 
 
 # --- loss knobs and the engine-mismatch metrics ---------------------------------------------------

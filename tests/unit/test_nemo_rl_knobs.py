@@ -216,10 +216,9 @@ def test_seq_logprob_error_threshold_drops_sequences_above_it():
 
 def test_seq_logprob_error_threshold_in_the_trainer():
     # the trainer zeroes the dropped rows' loss mask; the default (null) leaves the batch as it is
-    from types import SimpleNamespace
 
     from posttrain.rollout.rollout import RLBatch
-    from posttrain.trainers.grpo import GRPOTrainer
+    from posttrain.trainers.rl.batch import filter_logprob_errors
 
     def batch():
         return RLBatch(
@@ -231,12 +230,11 @@ def test_seq_logprob_error_threshold_in_the_trainer():
         )
 
     for threshold, mask, dropped in ((1.5, [[1, 1], [0, 0]], 1.0), (2.5, [[1, 1], [1, 1]], 0.0)):
-        trainer = SimpleNamespace(cfg=SimpleNamespace(loss=LossConfig(seq_logprob_error_threshold=threshold)))
         b = batch()  # row 1: e = (1 + 3) / 2 = 2
-        metrics = GRPOTrainer.drop_logprob_errors(trainer, b)
+        metrics = filter_logprob_errors(threshold, b)
         assert b.loss_mask.tolist() == mask and metrics["logprob_error/dropped_sequences"] == dropped
     b = batch()
-    assert GRPOTrainer.drop_logprob_errors(SimpleNamespace(cfg=SimpleNamespace(loss=LossConfig())), b) == {}
+    assert filter_logprob_errors(LossConfig().seq_logprob_error_threshold, b) == {}
     assert b.loss_mask.tolist() == [[1, 1], [1, 1]]
     with pytest.raises(ValueError):
         LossConfig(seq_logprob_error_threshold=0.9)  # below 1 every sequence would be dropped
@@ -356,7 +354,7 @@ def test_stop_properly_penalty_in_the_trainer_and_config():
     from types import SimpleNamespace
 
     from posttrain.config.schema import DAPOConfig, RewardScalingConfig
-    from posttrain.trainers.grpo import GRPOTrainer
+    from posttrain.trainers.rl.batch import shaped_rewards
 
     rollouts = SimpleNamespace(
         rewards=torch.tensor([1.0, 1.0, 0.0]),
@@ -366,7 +364,7 @@ def test_stop_properly_penalty_in_the_trainer_and_config():
 
     def shaped(dapo):
         cfg = SimpleNamespace(advantage=SimpleNamespace(reward_scaling=RewardScalingConfig()), dapo=dapo)
-        return GRPOTrainer.rewards(SimpleNamespace(cfg=cfg), rollouts).tolist()
+        return shaped_rewards(cfg, rollouts).tolist()
 
     assert shaped(DAPOConfig(stop_properly_penalty_coef=0.25)) == [1.0, 0.25, 0.0]
     assert shaped(DAPOConfig()) == [1.0, 1.0, 0.0]  # default: today's rewards

@@ -22,10 +22,6 @@ class DistillTrainerConfig(RLLoopConfig):
     """The loop and the loss of on-policy distillation (see posttrain.algorithms.distillation)."""
 
     max_steps: int = Field(20, gt=0)
-    generations_per_prompt: int = Field(4, gt=0, description="Student samples per prompt.")
-    updates_per_batch: int = Field(
-        1, gt=0, description="Optimizer steps per batch of samples (1 = exactly on-policy)."
-    )
     loss: Literal["forward_kl", "reverse_kl", "mixed_kl", "jsd"] = Field(
         "mixed_kl",
         description="forward_kl: KL(teacher || student); reverse_kl: KL(student || teacher); mixed_kl: "

@@ -12,14 +12,12 @@ One step:
 No rewards, advantages or reference model enter the loss; the environment's rewards are logged.
 Everything but the batch and the loss is the RL runtime's (`posttrain.trainers.rl.runtime`;
 `DistillTrainer` is GRPO's sibling, not its subclass): the rollouts (any environment, several turns,
-no turn barrier), refits and their parity gate, validation, checkpoints and the loop. Generation uses the training weights in place (colocated) or separate
-workers refitted after every update (split).
+no turn barrier), refits and their parity gate, validation, checkpoints and the loop.
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import torch
 
@@ -31,7 +29,7 @@ from posttrain.distributed.teacher_group import StudentGroup
 from posttrain.models.distill_logprobs import StudentTopK
 from posttrain.rollout.rollout import Rollouts, build_rl_batch
 from posttrain.trainers.loop import RunResult, run_loop
-from posttrain.trainers.rl.protocol import PolicyWorkers
+from posttrain.trainers.rl.protocol import PolicyWorkers, RLAlgorithm
 from posttrain.trainers.rl.runtime import RLRuntime
 
 PLOTS = [
@@ -99,7 +97,7 @@ def distill_loss_fn(
     return loss, metrics
 
 
-class DistillTrainer:
+class DistillTrainer(RLAlgorithm):
     """On-policy distillation as an `RLAlgorithm`: a teacher's top-k in the batch instead of
     advantages, and a divergence as the loss. `DistillTrainer(cfg)` builds the runtime that runs it
     (`self.runtime`: the student's workers, which may hold the teacher, or the teacher's own)."""
@@ -109,7 +107,7 @@ class DistillTrainer:
     plots = PLOTS
 
     def __init__(self, cfg: DistillConfig) -> None:
-        self.cfg, self.loop, self.async_mode = cfg, cfg.distill, False
+        self.cfg, self.loop = cfg, cfg.distill
         d = cfg.distill
         self.loss_fn_knobs = dict(
             divergence=d.loss, top_k_mode=d.top_k_mode, mixed_kl_weight=d.mixed_kl_weight, jsd_beta=d.jsd_beta
@@ -132,15 +130,6 @@ class DistillTrainer:
             f"loss {d.loss} over the teacher's top-{d.topk_logits_k} ({d.top_k_mode}); "
             f"teacher {teacher.model_name} ({teacher.placement}); "
         )
-
-    def save_state(self, directory: Path) -> None:
-        """No state of its own."""
-
-    def load_state(self, directory: Path, step: int) -> None:
-        """Nothing of its own to load."""
-
-    def close(self) -> None:
-        """No workers of its own (the runtime releases the teacher)."""
 
     # ---------------------------------------------------------------- phases
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from pathlib import Path
 
 import torch
 
@@ -43,7 +42,7 @@ from posttrain.trainers.rl.batch import (
     shaped_rewards,
 )
 from posttrain.trainers.rl.collect import collect_groups
-from posttrain.trainers.rl.protocol import PolicyWorkers
+from posttrain.trainers.rl.protocol import PolicyWorkers, RLAlgorithm
 from posttrain.trainers.rl.runtime import RLRuntime
 
 PLOTS = [
@@ -86,7 +85,7 @@ def apply_message_penalties(
     return clip_advantages(penalised, adv.clip, low=adv.clip_low, high=adv.clip_high), metrics
 
 
-class GRPOTrainer:
+class GRPOTrainer(RLAlgorithm):
     """GRPO (and its variants) as an `RLAlgorithm`: the step's groups (dynamic sampling), the batch
     (shaped rewards; π_ref, π_old, the teacher's logprobs and the KL where the advantages need them;
     the advantages; the loss mask) and the clipped policy-gradient update. `GRPOTrainer(cfg)` also
@@ -112,18 +111,6 @@ class GRPOTrainer:
         steps = self.loop.max_steps * self.loop.updates_per_batch
         return PolicyWorkers(ActorGroup, steps, reference=self.cfg.loss.kl_beta > 0)
 
-    def describe(self) -> str:
-        return ""
-
-    def save_state(self, directory: Path) -> None:
-        """GRPO keeps no state of its own (the runtime saves the policy, sampler and buffer)."""
-
-    def load_state(self, directory: Path, step: int) -> None:
-        """Nothing of its own to load."""
-
-    def close(self) -> None:
-        """No workers of its own."""
-
     # ---------------------------------------------------------------- phases
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         """Rollouts for one step; with dynamic sampling, only groups whose rewards differ, refilled
@@ -139,10 +126,6 @@ class GRPOTrainer:
             max_rounds=dapo.max_generation_rounds,
             unit=g.updates_per_batch * workers if workers > 1 else 1,
         )
-
-    def rewards(self, rollouts: Rollouts) -> torch.Tensor:
-        """Shaped task rewards (`shaped_rewards`)."""
-        return shaped_rewards(self.cfg, rollouts)
 
     def needs_old(self, batch: RLBatch) -> bool:
         """Whether the batch needs π_old's logprobs. Skipped (the on-policy shortcut: the current
@@ -176,7 +159,7 @@ class GRPOTrainer:
         trainer's when the batch gets several updates, else the sampler's: the same distribution), the
         KL and the advantages; then the loss mask (unscored and lone samples out, the overlong filter)."""
         cfg, loss = self.cfg, self.cfg.loss
-        rewards = self.rewards(rollouts)
+        rewards = shaped_rewards(cfg, rollouts)
         tokens = build_rl_batch(rollouts.trajectories, None, self.tokenizer.pad_token_id)
         metrics: dict[str, float] = {}
         kl = teacher_lp = student_lp = None
@@ -217,25 +200,17 @@ class GRPOTrainer:
         metrics.update(batch_stats(rollouts, mask, batch.generation_logprobs))
         return batch, metrics
 
-    def normalizers(self, batch: RLBatch) -> tuple[float, float]:
-        """(loss normaliser, global count of valid tokens): `loss_normalizers`."""
-        return loss_normalizers(self.cfg, batch)
-
-    def drop_logprob_errors(self, batch: RLBatch) -> dict[str, float]:
-        """loss.seq_logprob_error_threshold's filter (`filter_logprob_errors`)."""
-        return filter_logprob_errors(self.cfg.loss.seq_logprob_error_threshold, batch)
-
     def train_on(self, batch: RLBatch) -> dict[str, float]:
         """`updates_per_batch` optimizer steps over contiguous minibatches of the rollout batch; metrics
         (the gradient norm included) are means over them, the learning rate the last one's. π_old
         and π_ref join the batch first where only the loss needs them."""
         cfg = self.cfg
         self.add_logprobs(batch)
-        metrics: dict[str, float] = self.drop_logprob_errors(batch)
+        metrics = filter_logprob_errors(cfg.loss.seq_logprob_error_threshold, batch)
         minibatches = batch.chunks(self.loop.updates_per_batch)
         with self.runtime.timer("training"):
             for mb in minibatches:
-                normalizer, tokens = self.normalizers(mb)
+                normalizer, tokens = loss_normalizers(cfg, mb)
                 loss_fn = functools.partial(
                     grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
                     **self.loss_fn_knobs,

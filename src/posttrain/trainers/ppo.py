@@ -54,7 +54,7 @@ from posttrain.trainers.rl.batch import (
     shaped_rewards,
 )
 from posttrain.trainers.rl.collect import collect_groups
-from posttrain.trainers.rl.protocol import PolicyWorkers
+from posttrain.trainers.rl.protocol import PolicyWorkers, RLAlgorithm
 from posttrain.trainers.rl.runtime import RLRuntime
 
 PLOTS = [
@@ -111,7 +111,7 @@ def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     return float(selected.mean()), float(selected.std(unbiased=False))
 
 
-class PPOTrainer:
+class PPOTrainer(RLAlgorithm):
     """PPO as an `RLAlgorithm`: a critic beside the policy (held by its workers, or workers of its
     own), a batch with per-token rewards, values, GAE returns and advantages, and updates of both.
     `PPOTrainer(cfg)` builds the runtime that runs it (`self.runtime`) and then the critic."""
@@ -121,7 +121,7 @@ class PPOTrainer:
     plots = PLOTS
 
     def __init__(self, cfg: PPOConfig) -> None:
-        self.cfg, self.loop, self.async_mode = cfg, cfg.ppo, False
+        self.cfg, self.loop = cfg, cfg.ppo
         self.current_step = 0
         self.loss_fn_knobs = loss_knobs(cfg.loss)
         # value replay: the critic's side of the last `ppo.critic_replay_batches` batches (returns, no values)
@@ -145,10 +145,6 @@ class PPOTrainer:
         )
 
     # ---------------------------------------------------------------- what the runtime builds
-    def teacher_config(self) -> None:
-        """PPO has no teacher."""
-        return None
-
     def policy_workers(self, model_path: str) -> PolicyWorkers:
         """PPO's workers (colocated: every policy worker builds and holds a critic rank); π_ref with a
         KL penalty; the policy steps after the critic's warm-up."""
@@ -174,9 +170,6 @@ class PPOTrainer:
     def critic_epochs(self) -> int:
         """The critic's passes over each batch: `ppo.critic_epochs`, else `ppo.ppo_epochs`."""
         return self.cfg.ppo.critic_epochs or self.cfg.ppo.ppo_epochs
-
-    def describe(self) -> str:
-        return ""
 
     # ---------------------------------------------------------------- phases
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:

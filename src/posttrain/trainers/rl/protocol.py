@@ -13,21 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from posttrain.config.rl import RLLoopConfig
 from posttrain.rollout.rollout import Rollouts
-
-
-class LoopSection(Protocol):
-    """The loop settings every RL config section has (`posttrain.config.rl.RLLoopConfig`)."""
-
-    max_steps: int
-    prompts_per_step: int
-    generations_per_prompt: int
-    updates_per_batch: int
-    val_every: int
-    val_at_start: bool
-    val_samples_per_prompt: int
-    val_temperature: float
-    seed: int
 
 
 @dataclass(frozen=True)
@@ -48,7 +35,10 @@ class PolicyWorkers:
 class RLAlgorithm(Protocol):
     """One RL algorithm as the runtime drives it. Per step the runtime calls `collect` (unless
     asynchronous rollouts supply the batch), `make_batch`, then `train_on`; `train_on` ends with
-    `runtime.policy_updated()` when it changed the policy's weights."""
+    `runtime.policy_updated()` when it changed the policy's weights.
+
+    The members below `train_on` are optional: an algorithm that declares `RLAlgorithm` as its base
+    (the protocol, never another algorithm) and leaves one out gets the default written here."""
 
     name: str
     """The name in the run's log lines."""
@@ -56,14 +46,8 @@ class RLAlgorithm(Protocol):
     """The run directory's default name, runs/<run_kind>."""
     plots: list[str]
     """The metrics plotted into <run_dir>/plots at the end."""
-    loop: LoopSection
+    loop: RLLoopConfig
     """The config's loop section (grpo, ppo, distill, ...)."""
-    async_mode: bool
-    """Whether generation runs ahead of training (GRPO's `grpo.async_mode`)."""
-
-    def teacher_config(self) -> Any:
-        """The teacher's config (a `TeacherConfig`) when the algorithm needs one, else None."""
-        ...
 
     def policy_workers(self, model_path: str) -> PolicyWorkers:
         """What the policy's worker group needs (`model_path`: the resolved policy model)."""
@@ -81,18 +65,22 @@ class RLAlgorithm(Protocol):
         """The updates on one batch; metrics."""
         ...
 
+    async_mode: bool = False
+    """Whether generation runs ahead of training (GRPO's `grpo.async_mode`); default no."""
+
+    def teacher_config(self) -> Any:
+        """The teacher's config (a `TeacherConfig`) when the algorithm needs one; default None."""
+        return None
+
+    def describe(self) -> str:
+        """More of the run's first log line ("" or a sentence ending in "; "); default ""."""
+        return ""
+
     def save_state(self, directory: Path) -> None:
-        """Write the algorithm's own state (a critic, replay) into a checkpoint folder."""
-        ...
+        """Write the algorithm's own state (a critic, replay) into a checkpoint folder; default none."""
 
     def load_state(self, directory: Path, step: int) -> None:
         """Read what `save_state` wrote; `step` is the checkpoint's."""
-        ...
-
-    def describe(self) -> str:
-        """More of the run's first log line ("" or a sentence ending in "; ")."""
-        ...
 
     def close(self) -> None:
-        """Release the algorithm's own workers (the runtime releases its own after)."""
-        ...
+        """Release the algorithm's own workers (the runtime releases its own after); default none."""

@@ -20,9 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from posttrain.algorithms.metrics import pass_at_k
+from posttrain.algorithms.metrics import pass_at_k, scored_reward_metrics
 from posttrain.config.rollout import episode_token_budget
 from posttrain.data.batching import EpochSampler
 from posttrain.data.tasks import Task
@@ -55,12 +53,6 @@ from posttrain.trainers.common import (
 from posttrain.trainers.loop import RunPlan, RunResult, run_loop
 from posttrain.trainers.rl.asynchronous import AsyncRollouts
 from posttrain.trainers.rl.protocol import RLAlgorithm
-
-
-def scored_mean(rewards: torch.Tensor, scored: torch.Tensor) -> float:
-    """The mean reward over the scored samples (0 when none was scored)."""
-    r = rewards[scored.to(torch.bool)]
-    return float(r.mean()) if len(r) else 0.0
 
 
 class RLRuntime:
@@ -321,7 +313,7 @@ class RLRuntime:
         per_problem = [sum(correct[i * n : (i + 1) * n]) for i in range(len(self.val_problems))]
         metrics = {
             "val/accuracy": sum(correct) / len(correct),
-            "val/reward": scored_mean(r.rewards, r.scored),
+            "val/reward": scored_reward_metrics(r.rewards, r.scored)["reward/mean"],
             "val/response_length": float(r.response_lengths.mean()),
             "timing/validation": time.perf_counter() - start,
         }
