@@ -27,27 +27,24 @@ from posttrain.distributed.actor_group import ActorGroup
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
 from posttrain.trainers.loop import RunResult, run_loop
 from posttrain.trainers.rl.batch import batch_stats, filter_logprob_errors, loss_normalizers
-from posttrain.trainers.rl.protocol import PolicyWorkers
+from posttrain.trainers.rl.protocol import PolicyWorkers, RLAlgorithm
 from posttrain.trainers.rl.runtime import RLRuntime
 
 STATE_FILE = "reinforce_ma.json"
 
 
-class ReinforceMATrainer:
-    """REINFORCE-MA as an `RLAlgorithm`; `ReinforceMATrainer(cfg).runtime` runs it. `baseline` is b
-    (None before the first batch)."""
+class ReinforceMATrainer(RLAlgorithm):
+    """REINFORCE-MA as an `RLAlgorithm` (the protocol's defaults: synchronous, no teacher, no workers
+    of its own); `ReinforceMATrainer(cfg).runtime` runs it. `baseline` is b (None before the first batch)."""
 
     name = "REINFORCE-MA"
     run_kind = "reinforce_ma"
     plots = ["reward/mean", "reinforce_ma/baseline", "val/accuracy", "pg_loss", "response_length"]
 
     def __init__(self, cfg: ReinforceMAConfig) -> None:
-        self.cfg, self.loop, self.async_mode = cfg, cfg.reinforce_ma, False
+        self.cfg, self.loop = cfg, cfg.reinforce_ma
         self.baseline: float | None = None
         self.runtime = RLRuntime(cfg, self)
-
-    def teacher_config(self) -> None:
-        return None
 
     def policy_workers(self, model_path: str) -> PolicyWorkers:
         """Plain policy workers; π_ref with a KL penalty (loss.kl_beta > 0)."""
@@ -62,9 +59,6 @@ class ReinforceMATrainer:
 
     def load_state(self, directory: Path, step: int) -> None:
         self.baseline = json.loads((directory / STATE_FILE).read_text())["baseline"]
-
-    def close(self) -> None:
-        """No workers of its own."""
 
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         return self.runtime.draw(step), {}
