@@ -26,8 +26,7 @@ from posttrain.algorithms.advantages import (
 )
 from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
-from posttrain.algorithms.metrics import accumulate_metrics, component_reward_metrics, scored_reward_metrics
-from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
+from posttrain.algorithms.metrics import component_reward_metrics, scored_reward_metrics
 from posttrain.config.schema import AdvantageConfig, GRPOConfig, TeacherConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor_group import ActorGroup
@@ -37,7 +36,7 @@ from posttrain.trainers.rl.asynchronous import behaviour_ratio_metrics, exactly_
 from posttrain.trainers.rl.batch import (
     batch_stats,
     filter_logprob_errors,
-    loss_normalizers,
+    policy_updates,
     reward_kl,
     shaped_rewards,
 )
@@ -97,7 +96,6 @@ class GRPOTrainer(RLAlgorithm):
 
     def __init__(self, cfg: GRPOConfig) -> None:
         self.cfg, self.loop, self.async_mode = cfg, cfg.grpo, cfg.grpo.async_mode
-        self.loss_fn_knobs = loss_knobs(cfg.loss)
         self.runtime = RLRuntime(cfg, self)
         self.tokenizer, self.teacher = self.runtime.tokenizer, self.runtime.teacher
 
@@ -209,17 +207,7 @@ class GRPOTrainer(RLAlgorithm):
         metrics = filter_logprob_errors(cfg.loss.seq_logprob_error_threshold, batch)
         minibatches = batch.chunks(self.loop.updates_per_batch)
         with self.runtime.timer("training"):
-            for mb in minibatches:
-                normalizer, tokens = loss_normalizers(cfg, mb)
-                loss_fn = functools.partial(
-                    grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
-                    **self.loss_fn_knobs,
-                )  # fmt: skip
-                out = self.runtime.policy.train(mb, loss_fn, normalizer)
-                accumulate_metrics(
-                    metrics, {**out.loss_metrics, "grad_norm": out.grad_norm}, 1 / len(minibatches)
-                )
-                metrics["lr"] = out.lr
+            metrics.update(policy_updates(self.runtime.policy, cfg, minibatches, len(minibatches)))
         if self.async_mode:
             metrics.update(
                 behaviour_ratio_metrics(batch, cfg.loss.importance_min or 0.0, cfg.loss.importance_cap)

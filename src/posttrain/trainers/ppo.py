@@ -33,8 +33,7 @@ import torch
 from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.estimators import AdvantageInputs, advantage_estimator, finish_advantages
 from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards
-from posttrain.algorithms.metrics import accumulate_metrics, scored_reward_metrics
-from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
+from posttrain.algorithms.metrics import scored_reward_metrics
 from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
 from posttrain.config.schema import PPOConfig
 from posttrain.data.batching import concat_batches
@@ -47,9 +46,10 @@ from posttrain.distributed.critic_group import (
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
 from posttrain.trainers.loop import RunResult, run_loop
 from posttrain.trainers.rl.batch import (
+    add_mean,
     batch_stats,
     filter_logprob_errors,
-    loss_normalizers,
+    policy_updates,
     reward_kl,
     shaped_rewards,
 )
@@ -95,14 +95,6 @@ def value_targets(batch: PPOBatch) -> PPOBatch:
     )
 
 
-def add_mean(metrics: dict[str, float], out: Any, updates: int, prefix: str = "") -> None:
-    """Add one update's loss metrics and gradient norm to `metrics` as a share of the mean over
-    `updates` updates; the learning rate is the latest update's."""
-    new = {prefix + k: v for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items()}
-    accumulate_metrics(metrics, new, 1 / updates)  # *_min / *_max: extremes over the updates
-    metrics[prefix + "lr"] = out.lr
-
-
 def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     """(mean, population std) of x over mask = 1 (0, 0 when empty)."""
     selected = x.detach().double()[mask.bool()]
@@ -123,7 +115,6 @@ class PPOTrainer(RLAlgorithm):
     def __init__(self, cfg: PPOConfig) -> None:
         self.cfg, self.loop = cfg, cfg.ppo
         self.current_step = 0
-        self.loss_fn_knobs = loss_knobs(cfg.loss)
         # value replay: the critic's side of the last `ppo.critic_replay_batches` batches (returns, no values)
         self.value_replay: collections.deque[PPOBatch] = collections.deque(
             maxlen=cfg.ppo.critic_replay_batches
@@ -333,16 +324,8 @@ class PPOTrainer(RLAlgorithm):
         clipped surrogate with per-token advantages on each; metrics are means over the updates."""
         p = self.cfg.ppo
         updates = p.ppo_epochs * min(p.updates_per_batch, len(batch))
-        metrics: dict[str, float] = {}
-        for epoch in range(p.ppo_epochs):
-            for mb in self.epoch_minibatches(batch, epoch):
-                normalizer, tokens = loss_normalizers(self.cfg, mb)
-                loss_fn = functools.partial(
-                    grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
-                    **self.loss_fn_knobs,
-                )  # fmt: skip
-                add_mean(metrics, self.runtime.policy.train(mb, loss_fn, normalizer), updates)
-        return metrics
+        minibatches = (mb for epoch in range(p.ppo_epochs) for mb in self.epoch_minibatches(batch, epoch))
+        return policy_updates(self.runtime.policy, self.cfg, minibatches, updates)
 
     def train_on(self, batch: PPOBatch) -> dict[str, float]:
         """The critic's epochs, then, once the warm-up is over, the policy's (the two models are

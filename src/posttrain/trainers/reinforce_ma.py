@@ -15,18 +15,16 @@ runtime's (`posttrain.trainers.rl.runtime`). docs/architecture.md: "Add an RL al
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from pathlib import Path
 
 from posttrain.algorithms.advantages import baseline_advantages, moving_average_baseline
-from posttrain.algorithms.metrics import accumulate_metrics, scored_reward_metrics
-from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
+from posttrain.algorithms.metrics import scored_reward_metrics
 from posttrain.config.reinforce_ma import ReinforceMAConfig
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch
 from posttrain.trainers.loop import RunResult, run_loop
-from posttrain.trainers.rl.batch import batch_stats, filter_logprob_errors, loss_normalizers
+from posttrain.trainers.rl.batch import batch_stats, filter_logprob_errors, policy_updates
 from posttrain.trainers.rl.protocol import PolicyWorkers, RLAlgorithm
 from posttrain.trainers.rl.runtime import RLRuntime
 
@@ -93,16 +91,7 @@ class ReinforceMATrainer(RLAlgorithm):
         metrics = filter_logprob_errors(loss.seq_logprob_error_threshold, batch)
         minibatches = batch.chunks(updates)
         with self.runtime.timer("training"):
-            for mb in minibatches:
-                normalizer, tokens = loss_normalizers(self.cfg, mb)
-                loss_fn = functools.partial(
-                    grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb),
-                    **loss_knobs(loss),
-                )  # fmt: skip
-                out = self.runtime.policy.train(mb, loss_fn, normalizer)
-                share = 1 / len(minibatches)
-                accumulate_metrics(metrics, {**out.loss_metrics, "grad_norm": out.grad_norm}, share)
-                metrics["lr"] = out.lr
+            metrics.update(policy_updates(self.runtime.policy, self.cfg, minibatches, len(minibatches)))
         return {**metrics, **self.runtime.policy_updated()}
 
 

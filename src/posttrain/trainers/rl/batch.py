@@ -1,9 +1,11 @@
 """Batch phases that more than one RL algorithm uses: reward shaping, the KL reward, the loss
-normalisers and the logprob-error filter. Plain functions of a config (read duck-typed: only the
-sections a function names) and tensors."""
+normalisers, the logprob-error filter and the policy's clipped-surrogate updates. Plain functions
+of a config (read duck-typed: only the sections a function names) and tensors."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -11,9 +13,12 @@ import torch
 from posttrain.algorithms.advantages import scale_rewards
 from posttrain.algorithms.dapo import overlong_reward_shaping
 from posttrain.algorithms.kl import kl_estimate
-from posttrain.algorithms.metrics import logprob_error_keep
+from posttrain.algorithms.metrics import accumulate_metrics, logprob_error_keep
 from posttrain.algorithms.reward_shaping import stop_properly_penalty
+from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
 from posttrain.config.rollout import episode_token_budget
+from posttrain.distributed.policy_group import PolicyGroup
+from posttrain.models.policy import TrainResult
 from posttrain.rollout.rollout import RLBatch, Rollouts
 
 
@@ -75,6 +80,31 @@ def loss_normalizers(cfg: Any, batch: RLBatch) -> tuple[float, float]:
     if aggregation == "sequence":
         return sequences, tokens
     return sequences * episode_token_budget(cfg.generation, cfg.environment), tokens
+
+
+def add_mean(metrics: dict[str, float], out: TrainResult, updates: int, prefix: str = "") -> None:
+    """Add one update's loss metrics and gradient norm to `metrics` as a share of the mean over
+    `updates` updates; the learning rate is the latest update's."""
+    new = {prefix + k: v for k, v in {**out.loss_metrics, "grad_norm": out.grad_norm}.items()}
+    accumulate_metrics(metrics, new, 1 / updates)  # *_min / *_max: extremes over the updates
+    metrics[prefix + "lr"] = out.lr
+
+
+def policy_updates(
+    policy: PolicyGroup, cfg: Any, minibatches: Iterable[RLBatch], updates: int
+) -> dict[str, float]:
+    """One optimizer step of the policy per minibatch on GRPO's clipped surrogate (`grpo_loss` with
+    every loss.* knob), normalised by the minibatch's global counts (`loss_normalizers`). Metrics:
+    means over the `updates` steps (`add_mean`), the learning rate the last one's."""
+    metrics: dict[str, float] = {}
+    knobs = loss_knobs(cfg.loss)
+    for mb in minibatches:
+        normalizer, tokens = loss_normalizers(cfg, mb)
+        loss_fn = functools.partial(
+            grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb), **knobs
+        )
+        add_mean(metrics, policy.train(mb, loss_fn, normalizer), updates)
+    return metrics
 
 
 def filter_logprob_errors(threshold: float | None, batch: RLBatch) -> dict[str, float]:
