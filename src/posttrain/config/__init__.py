@@ -12,7 +12,7 @@ from posttrain.config.common import (
     SchedulerConfig,
 )
 from posttrain.config.loader import ConfigError, apply_overrides, load_config, load_yaml, to_yaml, validate
-from posttrain.config.sft import SFTConfig, SFTDataConfig, SFTTrainerConfig
+from posttrain.config.supervised import SFTConfig, SFTDataConfig, SFTTrainerConfig
 
 __all__ = [
     "ALGORITHM_CONFIGS",

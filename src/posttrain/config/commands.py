@@ -21,8 +21,7 @@ from posttrain.config.distill import DistillConfig
 from posttrain.config.eval import EvalConfig
 from posttrain.config.grpo import GRPOConfig
 from posttrain.config.ppo import PPOConfig
-from posttrain.config.preference import DPOConfig, RMConfig
-from posttrain.config.sft import SFTConfig
+from posttrain.config.supervised import DPOConfig, RMConfig, SFTConfig
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ from posttrain.config.eval import *
 from posttrain.config.grpo import *
 from posttrain.config.loss import *
 from posttrain.config.ppo import *
-from posttrain.config.preference import *
 from posttrain.config.rl import *
 from posttrain.config.rollout import *
 from posttrain.config.sandbox import *
-from posttrain.config.sft import *
+from posttrain.config.supervised import *

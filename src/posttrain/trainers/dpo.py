@@ -27,7 +27,7 @@ from posttrain.algorithms.preference import (
     preference_logits,
     sequence_logprobs,
 )
-from posttrain.config.preference import DPOConfig
+from posttrain.config.supervised import DPOConfig
 from posttrain.data.preference import PreferenceBatch
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.trainers.loop import RunResult, run_loop

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from posttrain.config.loader import ConfigError
-from posttrain.config.preference import PreferenceTrainerConfig
+from posttrain.config.supervised import PreferenceTrainerConfig
 from posttrain.data.batching import EpochSampler
 from posttrain.data.preference import (
     PreferenceBatch,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from posttrain.algorithms.preference import bradley_terry_loss, preference_accuracy_and_margin
-from posttrain.config.preference import RMConfig
+from posttrain.config.supervised import RMConfig
 from posttrain.data.preference import PreferenceBatch
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.models.reward_model import RewardPolicy

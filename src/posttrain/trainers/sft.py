@@ -21,7 +21,7 @@ import torch
 
 from posttrain.algorithms.losses import nll_loss
 from posttrain.config.common import DatasetConfig
-from posttrain.config.sft import SFTConfig
+from posttrain.config.supervised import SFTConfig
 from posttrain.data.batching import EpochSampler, TokenBatch, collate
 from posttrain.data.sft import SFTDataset, build_sft_dataset
 from posttrain.distributed.policy_group import PolicyGroup

@@ -1,4 +1,5 @@
-"""`posttrain dpo` and `posttrain rm`: preference-pair data and their loop sections."""
+"""The commands that train on a fixed dataset, epoch by epoch: `posttrain sft`, `posttrain dpo` and
+`posttrain rm` (SFT rows and preference pairs, their data and loop sections)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from posttrain.config.common import (
     VALIDATION_HELP,
     CheckpointConfig,
     ClusterConfig,
+    DatasetConfig,
     LoggingConfig,
     OptimizerConfig,
     PolicyConfig,
@@ -18,9 +20,60 @@ from posttrain.config.common import (
     SchedulerConfig,
     SplitsConfig,
     Strict,
+    generated_problems,
 )
 
+# 2-digit sums and differences: the default task of SFT and DPO.
+_ARITH_KWARGS: dict = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 2,
+    "operators": ["+", "-"],
+}
 
+
+class EpochLoopConfig(Strict):
+    """The loop of a trainer that reads its dataset epoch by epoch (sft, dpo, rm)."""
+
+    max_steps: int | None = Field(60, gt=0, description="Stop after this many optimizer steps.")
+    num_epochs: int = Field(1, gt=0)
+    global_batch_size: int = Field(8, gt=0, description="Sequences per optimizer step, over all workers.")
+    val_every: int = Field(20, gt=0)
+    val_at_start: bool = True
+    val_batches: int | None = Field(None, gt=0, description="Cap on validation batches; null: whole set.")
+    seed: int = 0
+
+
+# --------------------------------------------------------------------------------- sft
+class SFTDataConfig(SplitsConfig):
+    train: DatasetConfig = Field(default_factory=lambda: generated_problems(2000, 1, _ARITH_KWARGS))
+    validation: DatasetConfig | None = Field(
+        default_factory=lambda: generated_problems(64, 1_000_001, _ARITH_KWARGS), description=VALIDATION_HELP
+    )
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate", description="What to do with sequences longer than policy.max_seq_len."
+    )
+
+
+class SFTTrainerConfig(EpochLoopConfig):
+    """SFT's loop: batch sizes count sequences."""
+
+
+class SFTConfig(Strict):
+    """`posttrain sft`."""
+
+    policy: PolicyConfig = PolicyConfig(
+        optimizer=OptimizerConfig(lr=5e-5), scheduler=SchedulerConfig(warmup_steps=5), max_seq_len=256
+    )
+    data: SFTDataConfig = SFTDataConfig()
+    sft: SFTTrainerConfig = SFTTrainerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=20)
+    logging: LoggingConfig = LoggingConfig()
+
+
+# --------------------------------------------------------------------------------- dpo and rm
 class GeneratedPairsConfig(ReasoningGymConfig):
     """Preference pairs generated offline from reasoning-gym problems (right vs wrong final answer)."""
 
@@ -64,38 +117,18 @@ class PreferenceDatasetConfig(Strict):
         return self
 
 
-_PREF_ARITH_KWARGS: dict = {
-    "min_terms": 2,
-    "max_terms": 2,
-    "min_digits": 1,
-    "max_digits": 2,
-    "operators": ["+", "-"],
-}
-
-
-_PREF_SYSTEM_PROMPT = (
-    "Put the final answer in \\boxed{}."  # the GRPO quickstart's, so an RM fits its rollouts
-)
-
-
-def _default_pref_train() -> PreferenceDatasetConfig:
-    gym = GeneratedPairsConfig(
-        size=2000, seed=21, kwargs=_PREF_ARITH_KWARGS, system_prompt=_PREF_SYSTEM_PROMPT
-    )
-    return PreferenceDatasetConfig(reasoning_gym=gym)
-
-
-def _default_pref_validation() -> PreferenceDatasetConfig:
-    gym = GeneratedPairsConfig(
-        size=128, seed=2_000_021, kwargs=_PREF_ARITH_KWARGS, system_prompt=_PREF_SYSTEM_PROMPT
-    )
+def _generated_pairs(size: int, seed: int, kwargs: dict) -> PreferenceDatasetConfig:
+    """`size` pairs generated from reasoning-gym's basic_arithmetic with `kwargs`, under the GRPO
+    quickstart's system prompt (so a reward model fits its rollouts)."""
+    system_prompt = "Put the final answer in \\boxed{}."
+    gym = GeneratedPairsConfig(size=size, seed=seed, kwargs=kwargs, system_prompt=system_prompt)
     return PreferenceDatasetConfig(reasoning_gym=gym)
 
 
 class PreferenceDataConfig(SplitsConfig):
-    train: PreferenceDatasetConfig = Field(default_factory=_default_pref_train)
+    train: PreferenceDatasetConfig = Field(default_factory=lambda: _generated_pairs(2000, 21, _ARITH_KWARGS))
     validation: PreferenceDatasetConfig | None = Field(
-        default_factory=_default_pref_validation, description=VALIDATION_HELP
+        default_factory=lambda: _generated_pairs(128, 2_000_021, _ARITH_KWARGS), description=VALIDATION_HELP
     )
     overlong: Literal["truncate", "drop"] = Field(
         "truncate",
@@ -104,16 +137,22 @@ class PreferenceDataConfig(SplitsConfig):
     )
 
 
-class PreferenceTrainerConfig(Strict):
+class PreferenceTrainerConfig(EpochLoopConfig):
     """Loop settings shared by DPO and RM. Batch sizes count PAIRS (each pair is two sequences)."""
 
     max_steps: int | None = Field(40, gt=0, description="Stop after this many optimizer steps.")
-    num_epochs: int = Field(1, gt=0)
     global_batch_size: int = Field(8, gt=0, description="Pairs per optimizer step, over all workers.")
-    val_every: int = Field(20, gt=0)
-    val_at_start: bool = True
-    val_batches: int | None = Field(None, gt=0, description="Cap on validation batches; null: whole set.")
-    seed: int = 0
+
+
+def _pairs_policy(lr: float) -> PolicyConfig:
+    """DPO's and RM's policy defaults: a constant learning rate `lr`, sequences of 256 tokens."""
+    return PolicyConfig(
+        optimizer=OptimizerConfig(lr=lr),
+        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
+        max_seq_len=256,
+        train_micro_batch_size=8,
+        logprob_batch_size=16,
+    )
 
 
 class DPOTrainerConfig(PreferenceTrainerConfig):
@@ -153,13 +192,7 @@ class DPOTrainerConfig(PreferenceTrainerConfig):
 class DPOConfig(Strict):
     """`posttrain dpo`. The reference policy is a frozen copy of the initial `policy.model_name`."""
 
-    policy: PolicyConfig = PolicyConfig(
-        optimizer=OptimizerConfig(lr=5e-6),
-        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
-        max_seq_len=256,
-        train_micro_batch_size=8,
-        logprob_batch_size=16,
-    )
+    policy: PolicyConfig = _pairs_policy(lr=5e-6)
     data: PreferenceDataConfig = PreferenceDataConfig()
     dpo: DPOTrainerConfig = DPOTrainerConfig()
     cluster: ClusterConfig = ClusterConfig()
@@ -181,25 +214,16 @@ def _default_rm_data() -> PreferenceDataConfig:
     (52% -> 48%, measured); on 1-digit sums they do. There are only 100 distinct 1-digit problems,
     so held-out pairs share problems with training pairs (not their wrong answers).
     """
-    gym = {"kwargs": _GRPO_ARITH_KWARGS, "system_prompt": _PREF_SYSTEM_PROMPT}
     return PreferenceDataConfig(
-        train=PreferenceDatasetConfig(reasoning_gym=GeneratedPairsConfig(size=2000, seed=21, **gym)),
-        validation=PreferenceDatasetConfig(
-            reasoning_gym=GeneratedPairsConfig(size=128, seed=2_000_021, **gym)
-        ),
+        train=_generated_pairs(2000, 21, _GRPO_ARITH_KWARGS),
+        validation=_generated_pairs(128, 2_000_021, _GRPO_ARITH_KWARGS),
     )
 
 
 class RMConfig(Strict):
     """`posttrain rm`. `policy.model_name` is the backbone; a scalar head (num_labels=1) is added."""
 
-    policy: PolicyConfig = PolicyConfig(
-        optimizer=OptimizerConfig(lr=5e-5),
-        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
-        max_seq_len=256,
-        train_micro_batch_size=8,
-        logprob_batch_size=16,
-    )
+    policy: PolicyConfig = _pairs_policy(lr=5e-5)
     data: PreferenceDataConfig = Field(default_factory=_default_rm_data)
     rm: RMTrainerConfig = RMTrainerConfig()
     cluster: ClusterConfig = ClusterConfig()
