@@ -17,10 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from posttrain.config.distill import DistillConfig
 from posttrain.config.eval import EvalConfig
-from posttrain.config.grpo import GRPOConfig
 from posttrain.config.ppo import PPOConfig
+from posttrain.config.rl import DistillConfig, GRPOConfig
 from posttrain.config.supervised import DPOConfig, RMConfig, SFTConfig
 
 

@@ -22,6 +22,7 @@ from posttrain.config.rl import (
     GRPODataConfig,
     RLChecks,
     RLLoopConfig,
+    check_local_workers,
     check_minibatches,
 )
 from posttrain.config.rollout import EnvironmentConfig, GenerationConfig
@@ -178,15 +179,7 @@ class PPOConfig(RLChecks):
                 "dapo.dynamic_sampling drops groups whose rewards are all equal, which PPO's critic "
                 "baseline does not need (and a group of one sample always has): set it to false"
             )
-        if (
-            self.critic.placement == "split"
-            and self.cluster.backend == "local"
-            and self.critic.num_workers > 1
-        ):
-            raise ValueError(
-                f"critic.num_workers={self.critic.num_workers} with cluster.backend=local: the local "
-                "backend runs one in-process worker per group; set critic.num_workers=1 or cluster.backend=ray"
-            )
         if self.critic.placement == "split":  # the policy's workers: in check_rl_config
+            check_local_workers("critic", self.critic.num_workers, self.cluster)
             check_minibatches("ppo", self.ppo, self.critic.num_workers, "critic")
         return self

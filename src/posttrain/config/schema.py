@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from posttrain.config.commands import ALGORITHM_CONFIGS
 from posttrain.config.common import *
-from posttrain.config.distill import *
 from posttrain.config.eval import *
-from posttrain.config.grpo import *
 from posttrain.config.loss import *
 from posttrain.config.ppo import *
 from posttrain.config.rl import *
