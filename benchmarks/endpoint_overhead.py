@@ -81,7 +81,7 @@ def replay_agent(base_url: str, session_id: str, task: dict[str, Any]) -> None:
 def main() -> None:
     import torch
 
-    from posttrain.config.agent import AgentConfig
+    from posttrain.config.rollout import AgentConfig
     from posttrain.environments.calculator import CalculatorEnvironment
     from posttrain.generation.sampling import SamplingParams
     from posttrain.generation.text_generation import LocalGenerator

@@ -188,7 +188,7 @@ def _section_values(model: BaseModel) -> list[BaseModel]:
 def render() -> str:
     """The whole page: one section per command, then one per shared config class."""
     from posttrain.config.commands import COMMANDS
-    from posttrain.config.sandbox import SandboxConfig
+    from posttrain.config.rollout import SandboxConfig
 
     commands = {name: command.config() for name, command in COMMANDS.items()}
     shared_list = shared_classes([*commands.values(), SandboxConfig()])

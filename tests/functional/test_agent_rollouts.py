@@ -14,7 +14,7 @@ pytest.importorskip("openai")
 from functional.endpoint_helpers import CALCULATOR_KWARGS, ScriptedGenerator  # noqa: E402
 
 from posttrain.cli import main  # noqa: E402
-from posttrain.config.agent import AgentConfig  # noqa: E402
+from posttrain.config.rollout import AgentConfig  # noqa: E402
 from posttrain.environments.calculator import CalculatorEnvironment, score_number_answer  # noqa: E402
 from posttrain.generation.sampling import SamplingParams  # noqa: E402
 from posttrain.generation.text_generation import LocalGenerator  # noqa: E402

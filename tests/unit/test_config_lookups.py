@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from posttrain.config.agent import AgentConfig
+from posttrain.config.rollout import AgentConfig
 from posttrain.config.lookups import Lookups, install_lookups, installed_lookups
 from posttrain.config.rollout import EnvironmentConfig
 

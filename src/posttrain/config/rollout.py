@@ -1,5 +1,6 @@
 """The sections that sample and score episodes, shared by the RL trainers and eval: generation
-(HF / vLLM, refit transport and checks) and the environment; the episode token budget.
+(HF / vLLM, refit transport and checks), the environment and its agent rollouts, the episode token
+budget; and the settings of the sandbox that runs model-written code (`posttrain.sandbox`).
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from typing import Any, Literal
 
 from pydantic import Field, field_serializer, model_validator
 
-from posttrain.config.agent import AgentConfig
 from posttrain.config.common import ClusterConfig, LoraConfig, Strict
 from posttrain.config.lookups import installed_lookups
 
@@ -168,6 +168,71 @@ class GenerationConfig(Strict):
             )
 
 
+class AgentConfig(Strict):
+    """Which agent runs the episodes, where its reward comes from, and how the endpoint serves it.
+
+    `environment.agent`: agent rollouts, where a user's agent drives each episode through the
+    OpenAI-compatible endpoint (`posttrain.rollout.agent`, docs/agents.md)."""
+
+    function: str | None = Field(
+        None,
+        description="The agent as a Python function `module:function` or `path/to/file.py:function`, called "
+        "as function(base_url, session_id, task) in a thread per episode; it may return the reward (a number).",
+    )
+    command: list[str] | None = Field(
+        None,
+        description="The agent as a program: the command, run once per episode with `--base-url URL "
+        "--session-id ID --task JSON` appended and OPENAI_BASE_URL / OPENAI_API_KEY set (a stock OpenAI "
+        "client needs no arguments); it may POST its reward to /sessions/{id}/reward. Exit status not 0: "
+        "the episode is unscored.",
+    )
+    reward: Literal["environment", "agent"] = Field(
+        "environment",
+        description="environment: the environment (`environment.name`) scores the final transcript "
+        "(its step on the episode's messages); agent: the number the agent function returns or POSTs to "
+        "/sessions/{id}/reward (an episode without one is unscored, never 0).",
+    )
+    concurrency: int | None = Field(
+        None, gt=0, description="Agents running at once; null: every episode of a rollout at once."
+    )
+    timeout_s: float = Field(600.0, gt=0, description="An agent still running after this is unscored.")
+    tool_parser: str = Field(
+        "hermes",
+        description="How tool calls are read from generated text: hermes (also qwen; SmolLM2, Qwen2.5/3) or "
+        "llama3_json (`posttrain.endpoint.parsers`).",
+    )
+    stop_at_tool_call: bool = Field(
+        True,
+        description="End a reply at the parser's call close (hermes: `</tool_call>`) when tools are offered.",
+    )
+    request_sampling: bool = Field(
+        False,
+        description="Let a request's temperature / top_p apply; false: every request samples from the run's "
+        "generation settings, the distribution the policy loss assumes.",
+    )
+    batch_wait_s: float = Field(
+        0.02,
+        ge=0,
+        description="How long the endpoint waits for more requests before generating a batch (it goes at once "
+        "when every running agent has a request pending).",
+    )
+    host: str = Field("127.0.0.1", description="Where the endpoint listens.")
+    port: int = Field(0, ge=0, description="Its port; 0: a free one per rollout.")
+
+    @model_validator(mode="after")
+    def _one_agent(self) -> AgentConfig:
+        """Exactly one of function and command; a registered tool-call parser (`Lookups.tool_parsers`)."""
+        if (self.function is None) == (self.command is None):
+            raise ValueError(
+                "environment.agent needs exactly one of function (module:function) and command (a program)"
+            )
+        lookups = installed_lookups()
+        parsers = sorted(lookups.tool_parsers()) if lookups is not None else [self.tool_parser]
+        if self.tool_parser not in parsers:
+            raise ValueError(f"environment.agent.tool_parser {self.tool_parser!r} is not one of {parsers}")
+        return self
+
+
 def named_callables(value: Any) -> Any:
     """`value` with every function in it (inside lists, tuples and dicts) replaced by its import path
     "module:qualname"; plain data unchanged."""
@@ -301,3 +366,38 @@ def check_episode_budget(cfg: Any) -> None:
             "penalty runs over the budget's last overlong_buffer tokens. Lower dapo.overlong_buffer or "
             "raise the budget"
         )
+
+
+class SandboxConfig(Strict):
+    """`posttrain.sandbox`: isolated execution of untrusted (model-written) Python code.
+
+    Each run gets a fresh `python -I -S` in new namespaces with these limits; see docs/sandbox.md.
+    """
+
+    backend: Literal["auto", "bwrap", "unshare", "none"] = Field(
+        "auto",
+        description="Isolation: bubblewrap, util-linux unshare, or none (rlimits only; needs "
+        "allow_unsafe). auto takes the first that passes a probe run.",
+    )
+    allow_unsafe: bool = Field(
+        False,
+        description="Run code even when network or filesystem isolation is unavailable (loud warning).",
+    )
+    workers: int = Field(2, gt=0, description="Pre-started sandboxed interpreters (parallel runs).")
+    timeout_s: float = Field(10.0, gt=0, description="Wall clock per run; the whole sandbox is killed.")
+    cpu_s: int = Field(10, gt=0, description="CPU seconds per run (RLIMIT_CPU).")
+    memory_mb: int = Field(1024, ge=64, description="Address space per process (RLIMIT_AS).")
+    max_output_bytes: int = Field(
+        65536, gt=0, description="Per stream; past it the run is killed (status output_limit)."
+    )
+    max_processes: int = Field(
+        16, gt=0, description="Processes of the sandbox's uid (RLIMIT_NPROC); each gets memory_mb."
+    )
+    max_open_files: int = Field(64, ge=16, description="RLIMIT_NOFILE.")
+    max_file_mb: int = Field(16, gt=0, description="Largest file the code may write (RLIMIT_FSIZE).")
+    disk_mb: int = Field(64, gt=0, description="Size of the in-memory working directory and of /tmp (each).")
+    seccomp: bool = Field(
+        True,
+        description="Install the syscall filter (keyrings, ptrace, bpf, io_uring, namespaces... get "
+        "EPERM). Off only to test the other layers alone; protections() then lists it as a problem.",
+    )

@@ -13,5 +13,4 @@ from posttrain.config.loss import *
 from posttrain.config.ppo import *
 from posttrain.config.rl import *
 from posttrain.config.rollout import *
-from posttrain.config.sandbox import *
 from posttrain.config.supervised import *

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.config.agent import AgentConfig
+from posttrain.config.rollout import AgentConfig
 from posttrain.data.trajectory import EpisodeLimits, Trajectory
 from posttrain.endpoint.app import AgentEndpoint, Session
 from posttrain.endpoint.batching import GenerationQueue
