@@ -40,18 +40,27 @@ class Command:
         return getattr(importlib.import_module(module), function)
 
 
-_RL_KEYS = (
-    "policy.model_name",
-    "policy.optimizer.lr",
-    "data.train.path",
-    "environment.name",
-    "generation.backend",
-    "generation.max_new_tokens",
-)
 _RUN_KEYS = ("cluster.backend", "cluster.gpus_per_node", "checkpoint.save_every", "logging.run_dir")
-_LOOP = ("max_steps", "global_batch_size", "val_every")
-_RL_LOOP = ("max_steps", "prompts_per_step", "generations_per_prompt", "val_every")
-_BASIC = ("policy.model_name", "policy.optimizer.lr", "policy.max_seq_len", "data.train.path")
+
+
+def _epoch_keys(loop: str, *extra: str) -> tuple[str, ...]:
+    """--help's keys of a command that reads a fixed dataset by epochs: the policy, the data, the
+    `loop` section's length and batch size, `extra`, where the run goes."""
+    policy = ("policy.model_name", "policy.optimizer.lr", "policy.max_seq_len")
+    data = ("data.train.path", "data.validation.path")
+    steps = (f"{loop}.{k}" for k in ("max_steps", "global_batch_size", "val_every"))
+    return (*policy, *data, *steps, *extra, *_RUN_KEYS)
+
+
+def _rl_keys(loop: str, *extra: str) -> tuple[str, ...]:
+    """--help's keys of an RL command: the policy, the data, the environment and generation, `extra`,
+    the `loop` section's length and batch shape, where the run goes."""
+    policy = ("policy.model_name", "policy.optimizer.lr", "data.train.path")
+    rollout = ("environment.name", "generation.backend", "generation.max_new_tokens")
+    steps = (f"{loop}.{k}" for k in ("max_steps", "prompts_per_step", "generations_per_prompt", "val_every"))
+    return (*policy, *rollout, *extra, *steps, *_RUN_KEYS)
+
+
 _EVAL_KEYS = (
     "model",
     "metric",
@@ -70,48 +79,26 @@ _EVAL_HELP = (
 )
 
 _TABLE = (
-    Command(
-        "sft",
-        SFTConfig,
-        "posttrain.trainers.sft:run_sft",
-        "train with SFT",
-        (*_BASIC, "data.validation.path", *(f"sft.{k}" for k in _LOOP), *_RUN_KEYS),
-    ),
-    Command(
-        "grpo",
-        GRPOConfig,
-        "posttrain.trainers.grpo:run_grpo",
-        "train with GRPO",
-        (*_RL_KEYS, *(f"grpo.{k}" for k in _RL_LOOP), *_RUN_KEYS),
-    ),
+    Command("sft", SFTConfig, "posttrain.trainers.sft:run_sft", "train with SFT", _epoch_keys("sft")),
+    Command("grpo", GRPOConfig, "posttrain.trainers.grpo:run_grpo", "train with GRPO", _rl_keys("grpo")),
     Command("eval", EvalConfig, "posttrain.trainers.eval:run_eval", _EVAL_HELP, _EVAL_KEYS),
     Command(
-        "dpo",
-        DPOConfig,
-        "posttrain.trainers.dpo:run_dpo",
-        "train with DPO",
-        (*_BASIC, "data.validation.path", *(f"dpo.{k}" for k in _LOOP), "dpo.beta", *_RUN_KEYS),
+        "dpo", DPOConfig, "posttrain.trainers.dpo:run_dpo", "train with DPO", _epoch_keys("dpo", "dpo.beta")
     ),
-    Command(
-        "rm",
-        RMConfig,
-        "posttrain.trainers.rm:run_rm",
-        "train a reward model",
-        (*_BASIC, "data.validation.path", *(f"rm.{k}" for k in _LOOP), *_RUN_KEYS),
-    ),
+    Command("rm", RMConfig, "posttrain.trainers.rm:run_rm", "train a reward model", _epoch_keys("rm")),
     Command(
         "distill",
         DistillConfig,
         "posttrain.trainers.distill:run_distill",
         "on-policy distillation: the student samples, a teacher's top-k scores its tokens",
-        (*_RL_KEYS, "teacher.model_name", *(f"distill.{k}" for k in _RL_LOOP), *_RUN_KEYS),
+        _rl_keys("distill", "teacher.model_name"),
     ),
     Command(
         "ppo",
         PPOConfig,
         "posttrain.trainers.ppo:run_ppo",
         "train with PPO: a learned critic (value model) and GAE, one sample per prompt",
-        (*_RL_KEYS, "critic.model_name", *(f"ppo.{k}" for k in _RL_LOOP), *_RUN_KEYS),
+        _rl_keys("ppo", "critic.model_name"),
     ),
 )
 
