@@ -315,8 +315,11 @@ class EnvironmentConfig(Strict):
     @model_validator(mode="after")
     def _turn_limits_agree(self) -> EnvironmentConfig:
         """An episode the environment allows n turns needs max_turns >= n: the rollout would otherwise
-        end it first and the environment's last turn (its shaped reward, its last try) is never paid."""
-        limit = environment_turn_limit(self.name, self.kwargs) if self.model_fields_set else None
+        end it first and the environment's last turn (its shaped reward, its last try) is never paid.
+        n: the constructor argument that bounds a registered environment's turns (`Lookups.turn_limit`;
+        none for an environment without one, or an import path, which is not imported here)."""
+        lookups = installed_lookups()
+        limit = lookups.turn_limit(self.name, self.kwargs) if lookups and self.model_fields_set else None
         if limit is not None and limit[1] > self.max_turns:
             key, value = limit
             raise ValueError(
@@ -327,14 +330,6 @@ class EnvironmentConfig(Strict):
                 f"or environment.kwargs.{key}={self.max_turns}"
             )
         return self
-
-
-def environment_turn_limit(name: str, kwargs: dict[str, Any]) -> tuple[str, int] | None:
-    """The constructor argument that bounds an episode's turns of the registered environment `name`,
-    and its value (`Lookups.turn_limit`); None for an environment without one, or a name that is not
-    registered (an import path is not imported here)."""
-    lookups = installed_lookups()
-    return None if lookups is None else lookups.turn_limit(name, kwargs)
 
 
 def episode_token_budget(generation: GenerationConfig, environment: EnvironmentConfig) -> int:

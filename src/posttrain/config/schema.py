@@ -1,7 +1,6 @@
 """The config classes under their old single-module name: `posttrain.config.schema` re-exports every
-section and command config from the module it lives in (common, rollout, loss, rl, sft, grpo, ppo,
-distill, eval, preference, sandbox) and `ALGORITHM_CONFIGS` (`posttrain.config.commands`). New code
-imports from those modules."""
+section and command config from the module it lives in (common, rollout, loss, rl, ppo, supervised,
+eval) and `ALGORITHM_CONFIGS` (`posttrain.config.commands`). New code imports from those modules."""
 
 # ruff: noqa: F401, F403
 from __future__ import annotations
