@@ -83,3 +83,12 @@ def test_the_heavy_unit_tests_are_still_in_the_default_suite(unit_items):
     ids = {row["id"]: in_lane(row) for row in unit_items}
     assert ids["tests/unit/test_judge.py::test_a_real_transformers_judge"] is False
     assert any(i.startswith("tests/unit/test_sandbox_escapes.py::") and not lane for i, lane in ids.items())
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest's default import mode imports a test file by its basename: two tests/**/test_x.py files
+    make the whole suite's collection fail ("import file mismatch"), not only the second file."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
