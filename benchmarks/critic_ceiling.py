@@ -44,7 +44,7 @@ from posttrain.generation.sampling import SamplingParams, hf_generate
 from posttrain.modeling.tokenizer import load_tokenizer
 from posttrain.models.critic import load_trained_value_model, token_values
 from posttrain.rollout.episode import start_episodes
-from posttrain.rollout.tasks import load_tasks
+from posttrain.rollout.tasks import rl_tasks
 
 
 def check_returns_are_rewards(cfg: PPOConfig) -> None:
@@ -99,14 +99,12 @@ def score(environment, starts, replies: list[str]) -> list[float]:
 def sample_episodes(cfg: PPOConfig, tokenizer, policy, environment, episodes: int, seed: int):
     """One reply of `policy` (the config's sampling) to each of `episodes` training tasks picked by
     `seed`, and its reward: (starts, prompt ids, reply ids, rewards, sampling params)."""
-    tasks = load_tasks(
-        cfg.data.train,
+    tasks = rl_tasks(
+        cfg.data,
         cfg.environment,
-        prompt_template=cfg.data.prompt_template,
-        system_prompt=cfg.data.system_prompt,
         tokenizer=tokenizer,
         max_prompt_len=cfg.policy.max_seq_len - cfg.generation.max_new_tokens,
-    )
+    ).train
     pick = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed))[:episodes]
     starts = start_episodes(environment, [tasks[i] for i in pick.tolist()], [seed] * len(pick))
     if any(s.response_prefix or s.tools for s in starts):

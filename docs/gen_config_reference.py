@@ -73,9 +73,11 @@ def anchor(cls: type) -> str:
 
 
 def model_class(annotation: Any) -> type | None:
-    """The BaseModel class in `X`, `X | None`, else None."""
+    """The BaseModel class in `X`, `X | None`, else None (a list of models is a value, not a section)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
+    if get_origin(annotation) in (list, tuple, dict):
+        return None
     found = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
     return found[0] if len(found) == 1 else None
 

@@ -112,6 +112,7 @@ def _grpo(model, data_dir, run_dir) -> list[str]:
     settings = {
         "policy.model_name": model,
         "policy.max_seq_len": 96,
+        "data.example_turns": "[]",  # the quickstart's worked example does not fit in 96 tokens
         "data.train.reasoning_gym.size": 16,
         "data.validation": "null",
         "grpo.max_steps": 40,

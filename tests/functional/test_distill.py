@@ -245,6 +245,7 @@ def _distill_cfg(model_dir, teacher, run_dir, **extra) -> DistillConfig:
     overrides = {
         "policy.model_name": str(model_dir),
         "policy.max_seq_len": 96,
+        "data.example_turns": "[]",  # the quickstart's worked example does not fit in 96 tokens
         "policy.optimizer.lr": 1e-3,
         "teacher.model_name": str(teacher),
         "data.train.reasoning_gym.size": 32,

@@ -97,6 +97,7 @@ def test_refit_across_nodes(ray_nodes, tiny_model_dir, tmp_path, transport):
     settings = {
         "policy.model_name": tiny_model_dir,
         "policy.max_seq_len": 96,
+        "data.example_turns": "[]",  # the quickstart's worked example does not fit in 96 tokens
         "policy.optimizer.lr": 1e-3,
         "data.train.reasoning_gym.size": 16,
         "data.validation.reasoning_gym.size": 4,

@@ -24,6 +24,7 @@ def ppo_test_config(model_dir, run_dir, **extra):
     overrides = {
         "policy.model_name": str(model_dir),
         "policy.max_seq_len": 96,
+        "data.example_turns": "[]",  # the quickstart's worked example does not fit in 96 tokens
         "data.train.reasoning_gym.size": 32,
         "data.validation.reasoning_gym.size": 4,
         "ppo.max_steps": 2,
@@ -169,7 +170,7 @@ def test_ppo_cli_runs_two_steps_with_kl_reward_and_adaptive_lambda(tiny_model_di
 
     cfg = ppo_test_config(tiny_model_dir, tmp_path / "cli")
     overrides = [
-        f"policy.model_name={tiny_model_dir}", "policy.max_seq_len=96", "data.train.reasoning_gym.size=32",
+        f"policy.model_name={tiny_model_dir}", "policy.max_seq_len=96", "data.example_turns=[]", "data.train.reasoning_gym.size=32",
         "data.validation=null", "ppo.max_steps=2", "ppo.prompts_per_step=2", "ppo.critic_warmup_steps=0",
         "generation.max_new_tokens=8", "cluster.backend=local", f"logging.run_dir={tmp_path / 'cli'}",
         "logging.tensorboard=false", "logging.plots=false", "checkpoint.enabled=false",

@@ -16,6 +16,7 @@ def _cfg(model_dir, run_dir, **extra) -> ReinforceMAConfig:
     overrides = {
         "policy.model_name": str(model_dir),
         "policy.max_seq_len": 96,
+        "data.example_turns": "[]",  # the quickstart's worked example does not fit in 96 tokens
         "data.train.reasoning_gym.size": 32,
         "data.validation.reasoning_gym.size": 4,
         "reinforce_ma.max_steps": 2,

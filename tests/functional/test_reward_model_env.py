@@ -79,6 +79,7 @@ def _grpo_cfg(tiny_model_dir, rm_checkpoint, run_dir, **extra) -> GRPOConfig:
     overrides = {
         "policy.model_name": str(tiny_model_dir),
         "policy.max_seq_len": 96,
+        "data.example_turns": "[]",  # the quickstart's worked example does not fit in 96 tokens
         "data.train.reasoning_gym.size": 32,
         "data.validation.reasoning_gym.size": 4,
         "grpo.max_steps": 1,

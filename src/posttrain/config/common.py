@@ -206,13 +206,30 @@ def _given(section: Any) -> dict[str, Any]:
     return dict(section) if isinstance(section, dict) else {}
 
 
+def names_own_data(split: Any) -> bool:
+    """Whether a user's dataset split picks data of its own: a `path`, `environment_tasks`, or another
+    generated `reasoning_gym.task`. Changing only the size, seed, kwargs or samples of the generated
+    default does not count."""
+    given = _given(split)
+    gym = _given(given.get("reasoning_gym"))
+    return any(given.get(k) is not None for k in ("path", "environment_tasks")) or "task" in gym
+
+
 def names_own_train_data(data: Any) -> bool:
-    """Whether a user's `data` section picks training data of its own: `train.path`,
-    `train.environment_tasks`, or another generated `train.reasoning_gym.task`. Changing only the
-    size, seed or samples of the generated default does not count."""
-    train = _given(_given(data).get("train"))
-    gym = _given(train.get("reasoning_gym"))
-    return any(train.get(k) is not None for k in ("path", "environment_tasks")) or "task" in gym
+    """Whether a user's `data` section picks training data of its own (`names_own_data` of `train`)."""
+    return names_own_data(_given(data).get("train"))
+
+
+def quickstart_keys_to_drop(data: Any, fields: Any) -> dict[str, Any]:
+    """The keys of a `data` section whose default belongs to the quickstart's task (its held-out
+    `validation` split, its worked `example_turns`), with the value that means "none", for a user's
+    section that names data of its own (`train` for the trainers, `dataset` for eval) and leaves
+    those keys unset. Only keys among `fields` (the section's own) are returned."""
+    given = _given(data)
+    if not (names_own_data(given.get("train")) or names_own_data(given.get("dataset"))):
+        return {}
+    none: dict[str, Any] = {"validation": None, "example_turns": []}
+    return {k: v for k, v in none.items() if k in fields and k not in given}
 
 
 VALIDATION_HELP = (
@@ -225,13 +242,15 @@ VALIDATION_HELP = (
 class SplitsConfig(Strict):
     """A `data` section with `train` and `validation` splits. Naming training data of one's own
     (`names_own_train_data`) without `validation` means no validation set: the default's held-out
-    problems are another task. `posttrain.config.load_config` applies the same rule to recipes."""
+    problems are another task (and likewise no `example_turns` where the section has them: the
+    default's worked example is of the quickstart's task). `posttrain.config.load_config` applies the
+    same rule to recipes."""
 
     @model_validator(mode="before")
     @classmethod
     def _no_foreign_validation(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "validation" not in data and names_own_train_data(data):
-            return {**data, "validation": None}
+        if isinstance(data, dict) and (drop := quickstart_keys_to_drop(data, cls.model_fields)):
+            return {**data, **drop}
         return data
 
 
@@ -258,6 +277,52 @@ def _default_grpo_train() -> DatasetConfig:
 
 def _default_grpo_validation() -> DatasetConfig:
     return generated_problems(64, 99_999, _GRPO_ARITH_KWARGS)
+
+
+class ChatTurn(Strict):
+    """One message of a worked example shown before the task (`data.example_turns`)."""
+
+    role: Literal["user", "assistant"]
+    content: str = Field(min_length=1)
+
+
+EXAMPLE_TURNS_HELP = (
+    "Worked examples as chat turns, inserted after the system prompt and before each task's own "
+    "messages, the same at training, validation and `posttrain eval`: [{role: user, content: ...}, "
+    "{role: assistant, content: ...}, ...], alternating, from a user turn to an assistant turn. "
+    "[]: none. Default: one worked 1-digit sum (4 + 3, not a problem of the quickstart's validation "
+    "set), dropped when the data names a task of its own (a `path`, `environment_tasks` or another "
+    "`reasoning_gym.task`) and this key is not set. Tasks that an environment generates "
+    "(`environment_tasks`) start from the environment's reset, which these turns do not reach."
+)
+
+# The quickstart's worked example: SmolLM2-135M-Instruct copies a bare `\boxed{}` instruction (an
+# empty box), but with one worked sum before the question it answers in the boxed form most of the
+# time, so GRPO has a reward signal from its first step. 4 + 3 is not in the validation set.
+QUICKSTART_EXAMPLE_TURNS: tuple[tuple[str, str], ...] = (
+    ("user", "Calculate 4 + 3.\nPut your final answer within \\boxed{}."),
+    ("assistant", "4 + 3 = 7\n\nThe answer is \\boxed{7}."),
+)
+
+
+def _default_example_turns() -> list[ChatTurn]:
+    return [ChatTurn(role=role, content=content) for role, content in QUICKSTART_EXAMPLE_TURNS]
+
+
+def check_example_turns(turns: list[ChatTurn], key: str = "data.example_turns") -> None:
+    """Worked examples alternate user and assistant turns, from a user turn to an assistant turn."""
+    for i, turn in enumerate(turns):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if turn.role != expected:
+            raise ValueError(
+                f"{key}[{i}] has role {turn.role!r} where {expected!r} is expected: worked examples "
+                "alternate user and assistant turns, starting with a user turn"
+            )
+    if turns and turns[-1].role != "assistant":
+        raise ValueError(
+            f"{key} ends with a user turn: end each worked example with the assistant's answer "
+            "(the task's own user message follows the examples)"
+        )
 
 
 # --------------------------------------------------------------------------------- infra

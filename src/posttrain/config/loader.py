@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from posttrain.config.common import names_own_train_data
+from posttrain.config.common import quickstart_keys_to_drop
 from posttrain.errors import UserError
 
 T = TypeVar("T", bound=BaseModel)
@@ -174,17 +174,13 @@ def load_config(model: type[T], path: str | Path | None = None, overrides: list[
 def config_from_data(model: type[T], data: dict) -> T:
     """The model's defaults updated by a user's nested mapping (a recipe after its overrides), validated.
 
-    A `data` section that names training data of its own without `validation` drops the default
-    validation split (`posttrain.config.common.names_own_train_data`): no validation set."""
+    A `data` section that names data of its own drops the defaults that belong to the quickstart's
+    task unless it sets them (`posttrain.config.common.quickstart_keys_to_drop`): no validation split,
+    no worked example turns."""
     defaults = model().model_dump()
     user_data = data.get("data")
-    if (
-        isinstance(defaults.get("data"), dict)
-        and isinstance(user_data, dict)
-        and "validation" not in user_data
-    ):
-        if names_own_train_data(user_data) and "validation" in defaults["data"]:
-            defaults["data"]["validation"] = None
+    if isinstance(defaults.get("data"), dict) and isinstance(user_data, dict):
+        defaults["data"].update(quickstart_keys_to_drop(user_data, defaults["data"]))
     return validate(model, merge_onto_defaults(defaults, data))
 
 

@@ -11,7 +11,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from posttrain.config.common import (
+    EXAMPLE_TURNS_HELP,
     VALIDATION_HELP,
+    ChatTurn,
     CheckpointConfig,
     ClusterConfig,
     DatasetConfig,
@@ -21,8 +23,10 @@ from posttrain.config.common import (
     SchedulerConfig,
     SplitsConfig,
     Strict,
+    _default_example_turns,
     _default_grpo_train,
     _default_grpo_validation,
+    check_example_turns,
     config_warning,
 )
 from posttrain.config.loss import AdvantageConfig, DAPOConfig, LossConfig
@@ -38,6 +42,28 @@ class GRPODataConfig(SplitsConfig):
         "{problem}", description="Formats the user message; `{problem}` is replaced."
     )
     system_prompt: str | None = "Put the final answer in \\boxed{}."
+    example_turns: list[ChatTurn] = Field(
+        default_factory=_default_example_turns, description=EXAMPLE_TURNS_HELP
+    )
+    exclude_validation_from_train: bool = Field(
+        True,
+        description="Drop every training task whose prompt (its whole first messages) is a validation "
+        "task's, so that the held-out set is held out; the run's first lines say how many were dropped. "
+        "Small generated tasks repeat (the quickstart's 1-digit sums have 121 distinct problems). Tasks "
+        "without messages (an environment's reset makes them) are not compared: such environments keep "
+        "their pools apart themselves (e.g. environment_tasks.split).",
+    )
+
+    @model_validator(mode="after")
+    def _examples(self) -> GRPODataConfig:
+        check_example_turns(self.example_turns)
+        if self.example_turns and self.train.environment_tasks is not None:
+            raise ValueError(
+                "data.example_turns is set but data.train uses environment_tasks, whose episodes start "
+                "from the environment's reset (the turns would never be shown); set data.example_turns=[] "
+                "and give the environment its own examples where it takes them (e.g. environment.kwargs.examples)"
+            )
+        return self
 
 
 class RLLoopConfig(Strict):

@@ -8,6 +8,8 @@ messages come from:
   has none);
 - otherwise the row's `problem_key` field rendered by `prompt_template` (`{problem}` is that field;
   any other `{name}` is the row's field of that name), after the system prompt if one is set;
+- either way, worked examples (`example_turns`: user/assistant messages) go after the system
+  message and before the row's own messages;
 - an environment that makes its own tasks (`DatasetConfig.environment_tasks`): the environment's
   `generate_tasks(size, seed)` returns them, and its `reset` builds each episode's first messages.
 
@@ -19,6 +21,8 @@ environment checks.
 from __future__ import annotations
 
 import inspect
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from posttrain.config.schema import DatasetConfig
@@ -30,15 +34,25 @@ RequiredFields = tuple[str, tuple[str, ...]]
 """(environment name, the task fields it needs): what `build_tasks` checks every row for."""
 
 
-def row_messages(row: Row, cfg: DatasetConfig, prompt_template: str, system_prompt: str | None) -> list[dict]:
+def row_messages(
+    row: Row,
+    cfg: DatasetConfig,
+    prompt_template: str,
+    system_prompt: str | None,
+    example_turns: Sequence[dict] = (),
+) -> list[dict]:
     """The first messages of the row's episode (see the module docstring)."""
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    examples = [dict(m) for m in example_turns]
     given = row.data.get(cfg.messages_key)
     if isinstance(given, list):
         if not all(isinstance(m, dict) and "role" in m and "content" in m for m in given):
             raise DataError(f"{row.where}: {cfg.messages_key!r} must be a list of {{role, content}} messages")
-        has_system = any(m["role"] == "system" for m in given)
-        return (system if not has_system else []) + [dict(m) for m in given]
+        own = [dict(m) for m in given]
+        leading = next((i for i, m in enumerate(own) if m["role"] != "system"), len(own))
+        if any(m["role"] == "system" for m in own):
+            system = []
+        return [*system, *own[:leading], *examples, *own[leading:]]
     if cfg.problem_key not in row.data:
         raise DataError(
             f"{row.where}: missing key {cfg.problem_key!r} (or a {cfg.messages_key!r} list); the row has "
@@ -52,13 +66,19 @@ def row_messages(row: Row, cfg: DatasetConfig, prompt_template: str, system_prom
             f"{row.where}: data.prompt_template names the field {e.args[0]!r}, which the row does not "
             f"have (keys: {', '.join(row.data)})"
         ) from None
-    return [*system, {"role": "user", "content": content}]
+    return [*system, *examples, {"role": "user", "content": content}]
 
 
-def row_task(row: Row, cfg: DatasetConfig, prompt_template: str, system_prompt: str | None) -> Task:
+def row_task(
+    row: Row,
+    cfg: DatasetConfig,
+    prompt_template: str,
+    system_prompt: str | None,
+    example_turns: Sequence[dict] = (),
+) -> Task:
     """One dataset row as a task: "messages" plus every other field of the row."""
     task = {k: v for k, v in row.data.items() if k != cfg.messages_key}
-    task["messages"] = row_messages(row, cfg, prompt_template, system_prompt)
+    task["messages"] = row_messages(row, cfg, prompt_template, system_prompt, example_turns)
     if cfg.answer_key in row.data and row.data[cfg.answer_key] is not None:
         task["answer"] = read_answer(row, cfg)
     return task
@@ -87,6 +107,7 @@ def build_tasks(
     *,
     prompt_template: str = "{problem}",
     system_prompt: str | None = None,
+    example_turns: Sequence[dict] = (),
     environment: Any = None,
     required: RequiredFields | None = None,
 ) -> list[Task]:
@@ -97,7 +118,7 @@ def build_tasks(
         return generated_tasks(cfg, environment)
     tasks = []
     for row in load_rows(cfg):
-        tasks.append(row_task(row, cfg, prompt_template, system_prompt))
+        tasks.append(row_task(row, cfg, prompt_template, system_prompt, example_turns))
         if required:
             check_required_fields(tasks[-1], row, cfg, required)
     if not tasks:
@@ -149,3 +170,26 @@ def tasks_within(tasks: list[Task], tokenizer: Any, max_prompt_len: int) -> list
             "generation.max_new_tokens); raise policy.max_seq_len"
         )
     return kept
+
+
+def prompt_key(task: Task) -> str | None:
+    """What makes two tasks the same problem for the model: their first messages (system prompt,
+    worked examples and the question), as text; None for a task whose environment makes them."""
+    messages = task.get("messages")
+    return None if messages is None else json.dumps(messages, sort_keys=True)
+
+
+def without_held_out(train: list[Task], held_out: list[Task]) -> tuple[list[Task], int]:
+    """`train` without the tasks whose prompt (`prompt_key`) is a `held_out` task's, and how many
+    were dropped. Tasks without messages are kept (their prompts exist only once an episode starts).
+    Raises DataError when nothing is left."""
+    seen = {k for k in map(prompt_key, held_out) if k is not None}
+    kept = [t for t in train if prompt_key(t) is None or prompt_key(t) not in seen]
+    if train and not kept:
+        raise DataError(
+            f"every one of the {len(train)} training tasks is also a validation task: nothing is left to "
+            "train on once the held-out problems are removed. Draw the splits from different data, or set "
+            "data.exclude_validation_from_train=false to train on the validation problems (the validation "
+            "score then measures memory, not generalisation)"
+        )
+    return kept, len(train) - len(kept)

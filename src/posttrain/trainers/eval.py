@@ -166,6 +166,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
         env_cfg,
         prompt_template=cfg.data.prompt_template,
         system_prompt=cfg.data.system_prompt,
+        example_turns=cfg.data.example_turns,
         tokenizer=tokenizer,
         max_prompt_len=cfg.data.max_prompt_len,
     )

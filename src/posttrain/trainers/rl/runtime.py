@@ -42,7 +42,7 @@ from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.rollout.agent import run_agent_rollouts
 from posttrain.rollout.episode import start_episodes
 from posttrain.rollout.rollout import RLBatch, Rollouts, run_rollouts, transcript
-from posttrain.rollout.tasks import load_tasks
+from posttrain.rollout.tasks import rl_tasks
 from posttrain.trainers.common import (
     load_controller_state,
     make_checkpointer,
@@ -76,8 +76,8 @@ class RLRuntime:
                 f"policy.max_seq_len ({cfg.policy.max_seq_len}) must exceed generation.max_new_tokens "
                 f"({cfg.generation.max_new_tokens}) to leave room for the prompt"
             )
-        self.train_problems = self.build_tasks(cfg.data.train, max_prompt)
-        self.val_problems = self.build_tasks(cfg.data.validation, max_prompt) if cfg.data.validation else []
+        tasks = rl_tasks(cfg.data, cfg.environment, tokenizer=self.tokenizer, max_prompt_len=max_prompt)
+        self.train_problems, self.val_problems, self.held_out_dropped = tasks
         self.sampler = EpochSampler(len(self.train_problems), self.loop.prompts_per_step, seed=self.loop.seed)
         self.plan = RunPlan(
             self.loop.max_steps, self.loop.val_every, self.loop.val_at_start, tuple(algorithm.plots),
@@ -170,17 +170,6 @@ class RLRuntime:
         )
         held = teacher_worker_kwargs(teacher, model_path=path, vocab_size=cut)
         return path, cut, held if teacher.placement == "colocated" else None
-
-    def build_tasks(self, split: Any, max_prompt_len: int) -> list[Task]:
-        """A split's tasks (rows, or the environment's own), prompts over `max_prompt_len` dropped."""
-        return load_tasks(
-            split,
-            self.cfg.environment,
-            prompt_template=self.cfg.data.prompt_template,
-            system_prompt=self.cfg.data.system_prompt,
-            tokenizer=self.tokenizer,
-            max_prompt_len=max_prompt_len,
-        )
 
     # ---------------------------------------------------------------- rollouts
     def sampling_params(self, *, validation: bool, seed: int) -> SamplingParams:
@@ -385,7 +374,15 @@ class RLRuntime:
             f"{self.algorithm.name}: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
             f"{loop.prompts_per_step} prompts x {loop.generations_per_prompt} generations per step; "
             f"{loop.max_steps} steps; generation {cfg.generation.backend} ({placement}); "
-            f"{self.algorithm.describe()}run dir {self.run_dir}"
+            f"{self.algorithm.describe()}run dir {self.run_dir}",
+            *(
+                [
+                    f"held out: {self.held_out_dropped} training problems are validation problems and were "
+                    "dropped (data.exclude_validation_from_train)"
+                ]
+                if self.held_out_dropped
+                else []
+            ),
         ]
 
     @contextlib.contextmanager
