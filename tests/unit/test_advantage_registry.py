@@ -66,20 +66,20 @@ CASES = {
         AdvantageConfig(estimator="rloo", clip_low=-1.5, clip_high=1.0), {}, [1.0, -1.0, 1.0, -1.5],
     ),
     "reinforce_pp": (
-        AdvantageConfig(estimator="reinforce_pp"), {}, [x / PP_STD for x in (0.25, -0.75, 1.25, -0.75)],
+        AdvantageConfig(estimator="reinforce_pp", minus_baseline=False), {}, [x / PP_STD for x in (0.25, -0.75, 1.25, -0.75)],
     ),
     "reinforce_pp, group baseline": (  # r - group mean = [0.5, -0.5, 1, -1], Bessel std sqrt(2.5 / 3)
         AdvantageConfig(estimator="reinforce_pp", minus_baseline=True), {},
         [x / (math.sqrt(2.5 / 3) + EPS) for x in (0.5, -0.5, 1.0, -1.0)],
     ),
     "reinforce_pp, per-token KL": (
-        AdvantageConfig(estimator="reinforce_pp"), {"kl": KL, "mask": M, "kl_beta": 0.1},
+        AdvantageConfig(estimator="reinforce_pp", minus_baseline=False), {"kl": KL, "mask": M, "kl_beta": 0.1},
         [[0.6477317080519644, 0.715203760974044, 0.0],
          [-0.6814677345130042, -0.6679733239285882, -0.6409845027597564],
          [1.9634367400325168, 0.0, 0.0], [-0.6679733239285882, -0.6679733239285882, 0.0]],
     ),
     "reinforce_pp, per-token KL, unscored": (
-        AdvantageConfig(estimator="reinforce_pp"), {"kl": KL, "mask": M, "kl_beta": 0.1, "scored": SCORED},
+        AdvantageConfig(estimator="reinforce_pp", minus_baseline=False), {"kl": KL, "mask": M, "kl_beta": 0.1, "scored": SCORED},
         [[1.0488919889577673, 1.1404183405247623, 0.0],
          [-0.7541771369120419, -0.7358718665986428, -0.6992613259718446], [0.0] * 3, [0.0] * 3],
     ),

@@ -237,7 +237,10 @@ def test_vectorised_matches_per_group_loop(name):
     elif name == "grpo_loo_std":
         got = grpo_advantages(rewards, groups, leave_one_out=True, leave_one_out_std=True)
     else:
-        got = advantage_estimator(name)(AdvantageInputs(rewards, groups), AdvantageConfig(estimator=name))
+        knobs = {"minus_baseline": False} if name == "reinforce_pp" else {}  # the loop: the batch mean
+        got = advantage_estimator(name)(
+            AdvantageInputs(rewards, groups), AdvantageConfig(estimator=name, **knobs)
+        )
     if name == "grpo_loo_std":
         expected = _nemo_rl_baseline_and_std(rewards.tolist(), groups.tolist())
     else:
@@ -328,7 +331,12 @@ UNSCORED_CASES = [
     ("grpo", {"normalize_std": False}, {}, -0.05),
     ("dr_grpo", {}, {}, -0.05),
     ("rloo", {}, {}, -0.1),
-    ("reinforce_pp", {}, {}, -0.05 / (STD_089 + 1e-6)),  # batch of the two trainable samples
+    (
+        "reinforce_pp",
+        {"minus_baseline": False},
+        {},
+        -0.05 / (STD_089 + 1e-6),
+    ),  # batch of the two trainable samples
     ("reinforce_pp", {"minus_baseline": True}, {}, -0.05 / (STD_089 + 1e-6)),
     # components 0.8 / 0.9 and 0 / 1 in group 0: A = [-x - y, x + y] (x, y the two grpo values),
     # batch-normalised over the two trainable samples: mean 0, Bessel std sqrt(2) (x + y)
@@ -385,7 +393,7 @@ def test_unscored_samples_with_a_per_token_kl_reward():
     # mean 0, Bessel std sqrt(4 * 0.05^2 / 3) = 0.0577350 -> -/+0.05 / 0.0577350 = -/+0.8660
     kl, mask = torch.zeros(8, 2), torch.ones(8, 2)
     inputs = AdvantageInputs(UNSCORED_R, UNSCORED_G, scored=UNSCORED_S, kl=kl, mask=mask, kl_beta=0.1)
-    out = estimate_advantages(AdvantageConfig(estimator="reinforce_pp"), inputs)
+    out = estimate_advantages(AdvantageConfig(estimator="reinforce_pp", minus_baseline=False), inputs)
     a = 0.05 / (math.sqrt(4 * 0.05**2 / 3) + 1e-6)
     assert out.shape == (8, 2)
     _close(out.flatten(), [-a, -a, a, a] + [0.0] * 12, tol=1e-6)

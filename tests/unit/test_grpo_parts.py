@@ -187,7 +187,7 @@ def test_advantages_kl_in_reward():
     plain = AdvantageInputs(rewards, groups)
     assert estimate_advantages(AdvantageConfig(estimator="dr_grpo"), plain).tolist() == [0.0] * 4
     # reinforce_pp: per-token [N, T], token-normalised, 0 on padding
-    pp = estimate_advantages(AdvantageConfig(estimator="reinforce_pp"), with_kl)
+    pp = estimate_advantages(AdvantageConfig(estimator="reinforce_pp", minus_baseline=False), with_kl)
     assert pp.shape == (4, 2) and pp[1, 1] == 0.0
     assert float(pp[mask.bool()].mean()) == pytest.approx(0.0, abs=1e-6)
     # advantage clipping applies last
@@ -228,7 +228,10 @@ STD_089 = 0.005**0.5
         ({}, -0.05 / (STD_089 + 1e-6)),
         ({"advantage.estimator": "rloo"}, -0.1),
         ({"advantage.estimator": "dr_grpo", "loss.aggregation": "seq_mean_token_sum"}, -0.05),
-        ({"advantage.estimator": "reinforce_pp"}, -0.05 / (STD_089 + 1e-6)),
+        (
+            {"advantage.estimator": "reinforce_pp", "advantage.minus_baseline": False},
+            -0.05 / (STD_089 + 1e-6),
+        ),
     ],
 )
 def test_make_batch_leaves_unscored_samples_out_of_baselines_and_reward_metrics(overrides, first):

@@ -292,8 +292,37 @@ def test_reinforce_pp_minus_baseline():
     )
     s = math.sqrt(0.5 / 3) + 1e-6
     assert grouped.tolist() == pytest.approx([0.5 / s, -0.5 / s, 0.0, 0.0], rel=1e-14)
-    batch = estimate_advantages(AdvantageConfig(estimator="reinforce_pp"), AdvantageInputs(r, g))
+    batch = estimate_advantages(
+        AdvantageConfig(estimator="reinforce_pp", minus_baseline=False), AdvantageInputs(r, g)
+    )
     assert batch.tolist() == pytest.approx([x / (0.5 + 1e-6) for x in (0.25, -0.75, 0.25, 0.25)], rel=1e-14)
+
+
+def test_reinforce_pp_default_is_nemo_rl_per_prompt_baseline():
+    # NeMo RL's adv_estimator.minus_baseline defaults to true: the default config gives the grouped
+    # advantages of test_reinforce_pp_minus_baseline, [½, -½, 0, 0] / (sqrt(½ / 3) + 1e-6).
+    from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
+    from posttrain.config.schema import AdvantageConfig
+
+    assert AdvantageConfig().minus_baseline is True
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    out = estimate_advantages(
+        AdvantageConfig(estimator="reinforce_pp"), AdvantageInputs(r, torch.tensor([0, 0, 1, 1]))
+    )
+    s = math.sqrt(0.5 / 3) + 1e-6
+    assert out.tolist() == pytest.approx([0.5 / s, -0.5 / s, 0.0, 0.0], rel=1e-14)
+
+
+def test_minus_baseline_warns_only_when_set_for_another_estimator():
+    import warnings
+
+    from posttrain.config.schema import AdvantageConfig, ConfigWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        AdvantageConfig(estimator="grpo")  # the default true is not the user's: no warning
+    with pytest.warns(ConfigWarning, match="minus_baseline applies to estimator=reinforce_pp"):
+        AdvantageConfig(estimator="grpo", minus_baseline=True)
 
 
 # --- item 9: asymmetric advantage clipping --------------------------------------------------------

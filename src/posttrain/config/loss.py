@@ -196,10 +196,11 @@ class AdvantageConfig(Strict):
         description="NeMo RL: grpo.advantage_clip_high. Upper bound of the advantages (e.g. 3); null: open.",
     )
     minus_baseline: bool = Field(
-        False,
-        description="NeMo RL: adv_estimator.minus_baseline (its default there: true). reinforce_pp: "
-        "subtract each prompt's group mean before the batch normalisation (REINFORCE++-baseline, for "
-        "G > 1 samples per prompt); false: the batch mean only (plain REINFORCE++).",
+        True,
+        description="NeMo RL: adv_estimator.minus_baseline (the same default). reinforce_pp: subtract "
+        "each prompt's group mean before the batch normalisation (REINFORCE++-baseline, for G > 1 "
+        "samples per prompt); false: the batch mean only (plain REINFORCE++, posttrain's behaviour "
+        "before this key existed). Other estimators ignore it.",
     )
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
     invalid_tool_call_advantage: float | None = Field(
@@ -249,7 +250,7 @@ class AdvantageConfig(Strict):
             raise ValueError(
                 f"advantage.clip_low ({self.clip_low}) must be below advantage.clip_high ({self.clip_high})"
             )
-        if self.minus_baseline and self.estimator != "reinforce_pp":
+        if "minus_baseline" in self.model_fields_set and self.estimator != "reinforce_pp":
             config_warning(
                 f"advantage.minus_baseline applies to estimator=reinforce_pp; {self.estimator} ignores it"
             )
