@@ -414,7 +414,7 @@ def smoke_check() -> Check:
         model_dir = _tiny_model(Path(tmp) / "model", hub.model_dir(alias))
         overrides = {
             "policy.model_name": str(model_dir),
-            "policy.max_seq_len": 96,
+            "policy.max_seq_len": 128,  # the quickstart's: its prompt (a worked example) is ~90 tokens
             "grpo.max_steps": 1,
             "grpo.prompts_per_step": 2,
             "grpo.generations_per_prompt": 2,

@@ -250,10 +250,6 @@ class AdvantageConfig(Strict):
             raise ValueError(
                 f"advantage.clip_low ({self.clip_low}) must be below advantage.clip_high ({self.clip_high})"
             )
-        if "minus_baseline" in self.model_fields_set and self.estimator != "reinforce_pp":
-            config_warning(
-                f"advantage.minus_baseline applies to estimator=reinforce_pp; {self.estimator} ignores it"
-            )
         if self.reward_weights is not None and self.estimator != "gdpo":
             config_warning(
                 f"advantage.reward_weights apply to estimator=gdpo only; {self.estimator} ignores them"
