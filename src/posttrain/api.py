@@ -75,8 +75,12 @@ def make_config(
     for split, rows in given.items():
         kept = {k: v for k, v in (sections.get(split) or {}).items() if k not in SOURCE_KEYS}
         sections[split] = {**kept, "path": str(write_rows(rows, folder, split))}
-    if complete and "train" in given and "validation" not in given and not _validation_given(config):
-        sections["validation"] = None  # as for a recipe: own training data, no foreign validation
+    if complete and "train" in given:
+        # as for a recipe: own training data, no foreign validation split or worked example
+        if "validation" not in given and not _data_key_given(config, "validation"):
+            sections["validation"] = None
+        if "example_turns" in type(cfg.data).model_fields and not _data_key_given(config, "example_turns"):
+            sections["example_turns"] = []
     return build({**user, "data": sections})
 
 
@@ -100,13 +104,11 @@ def _user_mapping(model: type[BaseModel], config: ConfigLike) -> tuple[dict, boo
     raise TypeError(f"config must be a config object, a dict or a recipe path, not {type(config).__name__}")
 
 
-def _validation_given(config: ConfigLike) -> bool:
-    """Whether a config object set its validation split itself (not the default's)."""
+def _data_key_given(config: ConfigLike, key: str) -> bool:
+    """Whether a config object set `data.<key>` itself (not the default's)."""
     data = getattr(config, "data", None)
     return (
-        isinstance(config, BaseModel)
-        and "data" in config.model_fields_set
-        and "validation" in data.model_fields_set
+        isinstance(config, BaseModel) and "data" in config.model_fields_set and key in data.model_fields_set
     )
 
 

@@ -64,6 +64,13 @@ def test_in_memory_rows_become_the_runs_jsonl_and_validate_on_nothing_else(tmp_p
     assert posttrain.make_config("grpo", obj, data={"train": rows}).data.validation is None
     own = GRPOConfig(logging={"run_dir": str(tmp_path / "run")}, data={"validation": {"path": "v.jsonl"}})
     assert posttrain.make_config("grpo", own, data={"train": rows}).data.validation.path == "v.jsonl"
+    # the quickstart's worked example (data.example_turns) belongs to its task: dropped the same way
+    assert cfg.data.example_turns == [] and GRPOConfig().data.example_turns != []
+    assert posttrain.make_config("grpo", obj, data={"train": rows}).data.example_turns == []
+    shown = [{"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]
+    mine = GRPOConfig(logging={"run_dir": str(tmp_path / "run")}, data={"example_turns": shown})
+    kept = posttrain.make_config("grpo", mine, data={"train": rows}).data.example_turns
+    assert [t.model_dump() for t in kept] == shown
     both = posttrain.make_config("grpo", run, data={"train": rows, "validation": rows[:1]})
     assert Path(both.data.validation.path).name.startswith("validation-")
     with pytest.raises(DataError, match="train_data row 2: expected a dict, got str"):
