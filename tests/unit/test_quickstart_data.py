@@ -108,6 +108,7 @@ def test_the_worked_example_belongs_to_the_quickstart_task_only():
         )
 
 
+@pytest.mark.slow  # the SmolLM2 tokenizer
 def test_eval_scores_the_prompt_the_quickstart_trains_and_validates_on(tokenizer):
     """`posttrain eval` (its defaults and the unseen-family recipes) builds the quickstart's prompt:
     system prompt, the worked example, the question."""
@@ -152,6 +153,7 @@ def test_without_held_out_drops_training_prompts_that_are_validation_prompts():
         without_held_out([task("a"), task("a")], [task("a")])
 
 
+@pytest.mark.slow  # the SmolLM2 tokenizer
 def test_the_quickstart_held_out_problems_are_not_trained_on(tokenizer):
     """The quickstart's 5000 generated 1-digit sums repeat ~121 distinct problems, every validation
     problem among them; the run trains only on the others."""
@@ -166,6 +168,7 @@ def test_the_quickstart_held_out_problems_are_not_trained_on(tokenizer):
     assert user_questions(train_all) & user_questions(validation_all)
 
 
+@pytest.mark.slow  # the SmolLM2 tokenizer
 def test_the_worked_example_and_the_unseen_families_are_not_validation_or_training_problems(tokenizer):
     train, validation, _ = quickstart_tasks(tokenizer)
     example = GRPOConfig().data.example_turns[0].content
