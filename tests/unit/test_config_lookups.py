@@ -9,9 +9,8 @@ import sys
 
 import pytest
 
-from posttrain.config.rollout import AgentConfig
 from posttrain.config.lookups import Lookups, install_lookups, installed_lookups
-from posttrain.config.rollout import EnvironmentConfig
+from posttrain.config.rollout import AgentConfig, EnvironmentConfig
 
 
 def test_the_package_root_installs_the_lookups():
