@@ -15,6 +15,7 @@ vf = pytest.importorskip("verifiers.v1")
 from posttrain.environments.interface import (  # noqa: E402
     EnvironmentSpecError,
     check_environment,
+    episode_turn_limit,
     make_environment,
 )
 from posttrain.environments.verifiers_env import VerifiersEnvironment  # noqa: E402
@@ -265,7 +266,7 @@ def test_invalid_calls_are_answered_and_flagged_the_stop_and_the_turn_limit_end_
 
 
 def test_a_pickled_environment_continues_an_episode():
-    env = VerifiersEnvironment(vault_taskset)
+    env = VerifiersEnvironment(vault_taskset, max_turns=2)
     row = next(iter(vault_taskset())).data.model_dump(mode="json", exclude_defaults=True)
     [start] = env.reset([row], [0])
     copy = pickle.loads(pickle.dumps(env))  # no loop, no tool servers: both made again
@@ -329,6 +330,9 @@ def test_specs_it_cannot_run_faithfully_are_refused():
 def test_registered_and_built_from_an_import_path():
     spec = f"{__name__}:sum_taskset"
     check_environment("verifiers", {"taskset": spec, "max_turns": 2})
+    # the turn limit config validation holds environment.max_turns to: single turn unless raised
+    assert episode_turn_limit(VerifiersEnvironment, {"taskset": spec}) == ("max_turns", 1)
+    assert episode_turn_limit(VerifiersEnvironment, {"max_turns": 4}) == ("max_turns", 4)
     env = make_environment("verifiers", taskset=spec)
     _, result = play(env, env.generate_tasks(1, 0), ["\\boxed{-1}"])
     env.close()

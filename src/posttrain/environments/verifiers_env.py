@@ -142,7 +142,8 @@ class VerifiersEnvironment:
             config built from `taskset_args`.
         taskset_args: keyword arguments of the function, or the taskset config's fields.
         max_turns: assistant turns of an episode at most (verifiers' agent `max_turns`); the last
-            one is scored whatever it calls.
+            one is scored whatever it calls. 1 (single turn, as `environment.max_turns`' default):
+            a taskset with tools needs more, and `environment.max_turns` at least as many.
         score_timeout_s: the scoring limit of a task without its own `timeout.scoring` (None: none).
     """
 
@@ -155,7 +156,7 @@ class VerifiersEnvironment:
         *,
         taskset_id: str | None = None,
         taskset_args: dict[str, Any] | None = None,
-        max_turns: int = 8,
+        max_turns: int = 1,
         score_timeout_s: float | None = 120.0,
     ) -> None:
         if (taskset is None) == (taskset_id is None):
