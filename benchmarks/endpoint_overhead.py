@@ -24,58 +24,8 @@ import argparse
 import os
 import statistics
 import time
-from typing import Any
 
-CALCULATOR_KWARGS: dict[str, Any] = {
-    "max_tool_calls": 2,
-    "examples": [
-        {
-            "role": "user",
-            "content": "What is 12 * 34?\nYou can use the calculator tool. Give your final answer as a number in \\boxed{}.",
-        },
-        {
-            "role": "assistant",
-            "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>',
-        },
-        {"role": "tool", "name": "calculator", "content": "408"},
-        {"role": "assistant", "content": "The answer is \\boxed{408}."},
-    ],
-}
-
-
-def replay_agent(base_url: str, session_id: str, task: dict[str, Any]) -> None:
-    """The calculator environment's own episode played with the openai client (as the in-process arm)."""
-    import json
-
-    import openai
-
-    from posttrain.environments.calculator import CalculatorEnvironment
-    from posttrain.environments.tools import ToolCall
-
-    env = CalculatorEnvironment(**CALCULATOR_KWARGS)
-    [start] = env.reset([task], [0])
-    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
-    messages = [dict(m) for m in start.messages]
-    for _ in range(3):
-        try:
-            reply = client.chat.completions.create(
-                model="m", messages=messages, tools=start.tools, max_tokens=48
-            )
-        except openai.BadRequestError:
-            return
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return
-        for call in message.tool_calls:
-            try:
-                arguments = json.loads(call.function.arguments)
-            except json.JSONDecodeError:
-                arguments = {}
-            result = env.tools.call(
-                ToolCall(call.function.name, arguments if isinstance(arguments, dict) else {})
-            )
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+from posttrain.rollout.calculator_replay import CALCULATOR_KWARGS, MAX_TOKENS, MAX_TURNS
 
 
 def main() -> None:
@@ -105,14 +55,14 @@ def main() -> None:
     generator = LocalGenerator(path, tokenizer, backend=args.backend, device="cpu", max_model_len=2048)
     env = CalculatorEnvironment(**CALCULATOR_KWARGS)
     tasks = env.generate_tasks(args.tasks, seed=0)
-    agent = AgentConfig(function=f"{os.path.abspath(__file__)}:replay_agent")
+    agent = AgentConfig(function="posttrain.rollout.calculator_replay:replay_calculator_agent")
     common = dict(
         generations_per_prompt=args.group,
         generator=generator,
         environment=env,
         tokenizer=tokenizer,
         batch_size=args.tasks * args.group,
-        max_turns=3,
+        max_turns=MAX_TURNS,
         max_seq_len=1024,
     )
     print(
@@ -121,7 +71,7 @@ def main() -> None:
     )
     rates: dict[str, list[tuple[float, float]]] = {"in_process": [], "endpoint": []}
     for r in range(args.rounds):
-        params = SamplingParams(temperature=1.0, max_new_tokens=48, seed=r)
+        params = SamplingParams(temperature=1.0, max_new_tokens=MAX_TOKENS, seed=r)
         for arm in rates:
             start = time.perf_counter()
             if arm == "in_process":

@@ -72,50 +72,6 @@ def serving(
         queue.close()
 
 
-CALCULATOR_KWARGS: dict[str, Any] = {
-    "max_tool_calls": 2,
-    "examples": [
-        {
-            "role": "user",
-            "content": "What is 12 * 34?\nYou can use the calculator tool. Give your final answer as a number in \\boxed{}.",
-        },
-        {
-            "role": "assistant",
-            "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>',
-        },
-        {"role": "tool", "name": "calculator", "content": "408"},
-        {"role": "assistant", "content": "The answer is \\boxed{408}."},
-    ],
-}
-"""The calculator environment of the equality test: a worked example and the tool's schema offered."""
-
-
-def replay_calculator_agent(base_url: str, session_id: str, task: dict[str, Any]) -> None:
-    """An agent that plays the calculator environment's own episode through the endpoint with the
-    `openai` client: the environment's first messages and tool schemas, the environment's tool
-    registry for the calls, until a reply without a call (what the in-process rollout does)."""
-    import json
-
-    import openai
-
-    from posttrain.environments.calculator import CalculatorEnvironment
-    from posttrain.environments.tools import ToolCall
-
-    env = CalculatorEnvironment(**CALCULATOR_KWARGS)
-    [start] = env.reset([task], [0])
-    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
-    messages = [dict(m) for m in start.messages]
-    for _ in range(3):
-        reply = client.chat.completions.create(model="m", messages=messages, tools=start.tools, max_tokens=48)
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return
-        for call in message.tool_calls:
-            result = env.tools.call(ToolCall(call.function.name, json.loads(call.function.arguments)))
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
-
-
 def reward_agent(base_url: str, session_id: str, task: dict[str, Any]) -> float | None:
     """One request, then by task["mode"]: "return" 0.25, "post" 0.75 to /reward, "raise", "silent"
     (no reward), "edit" (a follow-up with the first message changed, then return 1.0), "none" (no

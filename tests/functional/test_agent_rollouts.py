@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("openai")
 
-from functional.endpoint_helpers import CALCULATOR_KWARGS, ScriptedGenerator  # noqa: E402
+from functional.endpoint_helpers import ScriptedGenerator  # noqa: E402
 
 from posttrain.cli import main  # noqa: E402
 from posttrain.config.rollout import AgentConfig  # noqa: E402
@@ -19,6 +19,7 @@ from posttrain.environments.calculator import CalculatorEnvironment, score_numbe
 from posttrain.generation.sampling import SamplingParams  # noqa: E402
 from posttrain.generation.text_generation import LocalGenerator  # noqa: E402
 from posttrain.rollout.agent import run_agent_rollouts  # noqa: E402
+from posttrain.rollout.calculator_replay import CALCULATOR_KWARGS  # noqa: E402
 from posttrain.rollout.rollout import run_rollouts  # noqa: E402
 
 EXAMPLE_AGENT = "examples/agents/calculator_agent.py"
@@ -67,7 +68,7 @@ def test_endpoint_episode_equals_in_process_rollout(backend, smollm_dir, tokeniz
         max_seq_len=1024,
         turn_barrier=True,
     ).trajectories[0]
-    agent = AgentConfig(function="functional.endpoint_helpers:replay_calculator_agent")
+    agent = AgentConfig(function="posttrain.rollout.calculator_replay:replay_calculator_agent")
     endpoint = _run(tasks, agent, generator, tokenizer, env).trajectories[0]
     assert inproc.num_turns >= 2  # a tool call, its result, the final reply: a multi-turn tool episode
     assert endpoint.input_ids == inproc.input_ids

@@ -4,7 +4,8 @@
     driven by posttrain's `openenv` environment;
 (b) posttrain environments served by `posttrain env serve` (math, the sliding puzzle), driven by
     OpenEnv's own client;
-(c) served episodes equal in-process ones bit for bit (rewards as float.hex, observations, flags);
+(c) served episodes equal in-process ones bit for bit (rewards and their named components as float.hex,
+    observations, scored, the invalid-tool-call and malformed-thinking flags);
 (d) a server killed mid-run: unscored episodes naming the server, never a silent 0; a restarted server
     continues the other episodes exactly (replay checked by digests).
 """
@@ -32,8 +33,10 @@ from openenv_servers import (  # noqa: E402
     wait_healthy,
 )
 
+from posttrain.environments.calculator import CalculatorEnvironment  # noqa: E402
 from posttrain.environments.interface import observation_messages  # noqa: E402
 from posttrain.environments.math import MathEnvironment  # noqa: E402
+from posttrain.environments.math_format import MathFormatEnvironment  # noqa: E402
 from posttrain.environments.openenv_env import EnvironmentServerError, OpenEnvEnvironment  # noqa: E402
 from posttrain.environments.sliding_puzzle import (  # noqa: E402
     SlidingPuzzleEnvironment,
@@ -170,6 +173,9 @@ def play(env: Any, tasks: list[dict], seeds: list[int], scripts: list[list[str]]
                     result.stop_strings[j],
                     result.response_prefixes[j],
                     json.loads(json.dumps(result.info[j])),
+                    {name: float(v).hex() for name, v in result.reward_components[j].items()},
+                    result.invalid_tool_call[j],
+                    result.malformed_thinking[j],
                 )
             )
             logs[i].extend(observation_messages(obs))
@@ -236,6 +242,53 @@ def test_served_math_equals_in_process_and_hand_values(math_url: str) -> None:
     assert remote_records == local_records
     # correct; wrong in the answer's shape (the format reward 0.1); no answer
     assert [float.fromhex(r[0][0]) for r in remote_records] == [1.0, 0.1, 0.0]
+
+
+def test_served_reward_components_and_turn_flags_equal_in_process() -> None:
+    """The named reward parts (GDPO) and the per-turn flags (invalid tool call, malformed thinking) come
+    over the wire as in-process: math_format's {"correct", "format"}, the calculator's flags."""
+    math_replies = [["\\boxed{42}"], ["\\boxed{8}"], ["<think>\\boxed{4}"]]
+    with thread_server(create_app("math_format", {"format_weight": 0.25})) as url:
+        remote = play(OpenEnvEnvironment(url, timeout_s=30), MATH_TASKS, [0, 0, 0], math_replies)
+    local = play(MathFormatEnvironment(format_weight=0.25), MATH_TASKS, [0, 0, 0], math_replies)
+    assert remote[1] == local[1] and [start_view(s) for s in remote[0]] == [start_view(s) for s in local[0]]
+    components = [{k: float.fromhex(v) for k, v in episode[0][7].items()} for episode in remote[1]]
+    assert components == [
+        {"correct": 1.0, "format": 0.25},
+        {"correct": 0.0, "format": 0.25},
+        {"correct": 0.0, "format": 0.0},
+    ]
+
+    tasks = [{"a": 964, "b": 59}, {"a": 12, "b": 34}, {"a": 5, "b": 7}]
+    tool = '<tool_call>{"name": "calculator", "arguments": {"expression": "964 * 59"}}</tool_call>'
+    scripts = [
+        [tool, "\\boxed{56876}"],
+        ['<tool_call>{"name": "abacus", "arguments": {}}</tool_call>', "<think>so \\boxed{408}"],
+        ["<think>a</think><think>b</think> \\boxed{35}"],
+    ]
+    with thread_server(create_app("tool_calculator")) as url:
+        remote = play(OpenEnvEnvironment(url, timeout_s=30), tasks, [0, 0, 0], scripts)
+    local = play(CalculatorEnvironment(), tasks, [0, 0, 0], scripts)
+    assert remote[1] == local[1] and [start_view(s) for s in remote[0]] == [start_view(s) for s in local[0]]
+    flags = [[(turn[8], turn[9]) for turn in episode] for episode in remote[1]]
+    assert flags == [[(False, False), (False, False)], [(True, False), (False, True)], [(False, True)]]
+
+
+def test_verify_route_carries_components_and_flags() -> None:
+    with thread_server(create_app("tool_calculator")) as url:
+        messages = [
+            {"role": "assistant", "content": '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>'},
+            {"role": "assistant", "content": "<think>a</think><think>b</think> \\boxed{35}"},
+        ]
+        [start] = CalculatorEnvironment().reset([{"a": 5, "b": 7}], [0])
+        body = json.dumps({"task": {"a": 5, "b": 7}, "messages": [*start.messages, *messages]}).encode()
+        request = urllib.request.Request(
+            f"{url}/posttrain/verify", data=body, headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            verdict = json.loads(reply.read())
+    assert verdict["invalid_tool_call"] == [True, False] and verdict["malformed_thinking"] == [False, True]
+    assert verdict["reward_components"] == [{}, {}] and verdict["rewards"] == [0.0, 1.0]
 
 
 # -- (b) OpenEnv's own client on posttrain's servers ----------------------------------------------

@@ -1,6 +1,6 @@
 """Environments score rollouts: the `Environment` protocol, math (math-verify), reward-function adapter,
 reward model, reasoning-gym tasks, the sliding puzzle game, tools (calculator, python), code (sandboxed tests),
-LLM-as-judge, any OpenEnv server by URL (`openenv`), and any of them behind a step latency
+LLM-as-judge, any OpenEnv server by URL (`openenv`), any `verifiers` taskset (`verifiers`), and any of them behind a step latency
 (`latency`, for benchmarks).
 
 `EnvironmentGroup` runs any of them as Ray actors or in-process.
@@ -38,6 +38,7 @@ from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
 from posttrain.environments.text2sql import Text2SQLEnvironment
 from posttrain.environments.timeout_pool import CallOutcome, TimeoutPool
 from posttrain.environments.tools import ToolEnvironment, ToolRegistry
+from posttrain.environments.verifiers_env import VerifiersEnvironment
 from posttrain.environments.wordle import WordleEnvironment
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "SlidingPuzzleEnvironment",
     "Text2SQLEnvironment",
     "TimeoutPool",
+    "VerifiersEnvironment",
     "ToolEnvironment",
     "ToolRegistry",
     "WordleEnvironment",

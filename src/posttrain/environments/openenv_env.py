@@ -5,7 +5,8 @@ Each episode is one OpenEnv session over the server's WebSocket route (`/ws`): `
 episode's last assistant message as the action `{action_field: content}`. An observation becomes chat
 messages: its `messages` field when it has one (posttrain's servers, `posttrain.environments.openenv_protocol`), else
 its `observation_field` as one `observation_role` message, else the whole observation as JSON. Its
-`scored`, `info`, `tools`, `stop_strings` and `response_prefix` fields are read when present.
+`scored`, `info`, `tools`, `stop_strings`, `response_prefix`, `reward_components`, `invalid_tool_call`
+and `malformed_thinking` fields are read when present (defaults: scored, none, False).
 
 What holds (tests/functional/test_openenv.py):
 - construction checks `GET /health` (with the retries) and raises `EnvironmentServerError` naming the
@@ -308,6 +309,11 @@ class OpenEnvEnvironment:
             scored=[bool(observation.get("scored", True))],
             stop_strings=[None if stop is None else tuple(stop)],
             response_prefixes=[observation.get("response_prefix")],
+            reward_components=[
+                {k: float(v) for k, v in (observation.get("reward_components") or {}).items()}
+            ],
+            invalid_tool_call=[bool(observation.get("invalid_tool_call", False))],
+            malformed_thinking=[bool(observation.get("malformed_thinking", False))],
         )
 
     def _unscored(self, meta: dict[str, Any], error: str) -> EnvStepResult:

@@ -10,7 +10,14 @@ observation fields, which any OpenEnv client receives and may ignore (backwards 
 - `messages`: the environment's next chat messages (the episode's first messages after reset);
 - `scored`: False when the environment could not score the episode (left out of the loss);
 - `info`: the environment's per-turn diagnostics;
-- `tools`, `stop_strings`, `response_prefix`: the episode's tool schemas and generation controls.
+- `tools`, `stop_strings`, `response_prefix`: the episode's tool schemas and generation controls;
+- `reward_components`: the named parts of the turn's reward ({} for none; the reward is their sum), for
+  `advantage.estimator=gdpo`;
+- `invalid_tool_call`, `malformed_thinking`: the turn's flags (`EnvStepResult`), for
+  `advantage.invalid_tool_call_advantage` / `malformed_thinking_advantage`.
+
+A client that does not know a field ignores it; posttrain's client reads a field a server does not send
+as its default ({}, False), so either side may be older (backwards compatible).
 
 An action is `{"content": str, "tool_calls": [...] | None}`: the assistant message of the turn.
 """

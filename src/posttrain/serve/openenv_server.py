@@ -74,6 +74,11 @@ class ChatObservation(Observation):
     tools: list[dict[str, Any]] | None = Field(None, description="Tool schemas offered to the model")
     stop_strings: list[str] | None = Field(None, description="Extra stop strings for the next turn")
     response_prefix: str | None = Field(None, description="Text that begins the next assistant turns")
+    reward_components: dict[str, float] = Field(
+        default_factory=dict, description="Named parts of this turn's reward (their sum is the reward)"
+    )
+    invalid_tool_call: bool = Field(False, description="This turn made a tool call that could not be run")
+    malformed_thinking: bool = Field(False, description="This turn's <think> block is malformed")
 
 
 class EnvironmentHost:
@@ -173,6 +178,9 @@ def result_observation(result: EnvStepResult) -> ChatObservation:
         info=jsonable(result.info[0]),
         stop_strings=None if stop is None else list(stop),
         response_prefix=result.response_prefixes[0],
+        reward_components={name: float(v) for name, v in result.reward_components[0].items()},
+        invalid_tool_call=bool(result.invalid_tool_call[0]),
+        malformed_thinking=bool(result.malformed_thinking[0]),
     )
 
 
@@ -191,13 +199,17 @@ class VerifyRequest(BaseModel):
 
 
 class VerifyResponse(BaseModel):
-    """The replay of a transcript's assistant turns: per-turn rewards, and how the episode ended."""
+    """The replay of a transcript's assistant turns: per-turn rewards, their named parts and flags, and
+    how the episode ended."""
 
     rewards: list[float]
     done: bool
     scored: bool
     turns: int
     info: list[dict[str, Any]]
+    reward_components: list[dict[str, float]] = []
+    invalid_tool_call: list[bool] = []
+    malformed_thinking: list[bool] = []
 
 
 def verify(host: EnvironmentHost, request: VerifyRequest) -> VerifyResponse:
@@ -206,20 +218,25 @@ def verify(host: EnvironmentHost, request: VerifyRequest) -> VerifyResponse:
     start = host.start(request.task, request.seed)
     log, metadata = [dict(m) for m in start.messages], start.metadata
     replies = [m for m in request.messages[len(log) :] if m.get("role") == "assistant"]
-    rewards: list[float] = []
-    infos: list[dict[str, Any]] = []
-    done, scored = False, True
+    turns: list[ChatObservation] = []
     for reply in replies:
         log.append(dict(reply))
         result = host.step(log, metadata)
         metadata = result.metadata[0]
         log.extend(observation_messages(result.observations[0]))
-        rewards.append(float(result.rewards[0]))
-        infos.append(jsonable(result.info[0]))
-        done, scored = bool(result.done[0]), scored and bool(result.scored[0])
-        if done:
+        turns.append(result_observation(result))
+        if turns[-1].done:
             break
-    return VerifyResponse(rewards=rewards, done=done, scored=scored, turns=len(rewards), info=infos)
+    return VerifyResponse(
+        rewards=[float(t.reward) for t in turns],
+        done=bool(turns and turns[-1].done),
+        scored=all(t.scored for t in turns),
+        turns=len(turns),
+        info=[t.info for t in turns],
+        reward_components=[t.reward_components for t in turns],
+        invalid_tool_call=[t.invalid_tool_call for t in turns],
+        malformed_thinking=[t.malformed_thinking for t in turns],
+    )
 
 
 def create_app(name: str, kwargs: dict[str, Any] | None = None, max_concurrency: int = 64) -> Any:
