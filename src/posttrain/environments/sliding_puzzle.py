@@ -347,8 +347,8 @@ def play_blind(grid: Grid, action: str) -> Grid:
 class BlindBaseline:
     """The best fixed action sequence for a set of boards and how many of them it solves.
 
-    actions: the sequence (at most the move budget long; moves after the last board it solves are
-        left out, so a sequence that solves nothing is empty).
+    actions: the sequence (at most the move budget long, the shortest of the best: it ends with the
+        move that solves its last board; a sequence that solves nothing is empty).
     solved, boards: boards solved within the budget (the episode ends when solved), of all boards.
     """
 
@@ -373,7 +373,7 @@ class _BlindSearch:
     boards in play after the same number of turns share one search (memoised), which also merges the
     moves that act alike on every board (a move undoing the previous one is not skipped: on a board
     where the previous move was illegal it is a different move); (2) once a sequence solves every
-    board still in play, the other moves from there are not tried.
+    board still in play, no other move is tried from there.
     """
 
     def __init__(self, grids: Sequence[Grid], max_moves: int, actions: Sequence[str]) -> None:
@@ -410,12 +410,13 @@ class _BlindSearch:
         return solved, tuple(sorted(live.items()))
 
     def best(self, state: State, left: int) -> tuple[int, tuple[int, ...]]:
-        """(boards solved, action indices) of the best sequence of at most `left` moves from `state`."""
+        """(boards solved, action indices) of the best sequence of at most `left` moves from `state`
+        (the first in the order of the actions among the best)."""
         if left == 0 or not state:
             return 0, ()
         if (left, state) in self.memo:
             return self.memo[(left, state)]
-        bound = sum(n for _, n in state)
+        everything = sum(n for _, n in state)
         found: tuple[int, tuple[int, ...]] = (0, ())
         tried = set()
         for action in range(len(self.actions)):
@@ -426,7 +427,7 @@ class _BlindSearch:
             more, sequence = self.best(rest, left - 1)
             if solved + more > found[0]:
                 found = (solved + more, (action, *sequence))
-                if found[0] == bound:
+                if found[0] == everything:
                     break
         self.memo[(left, state)] = found
         return found
@@ -441,8 +442,8 @@ def best_blind_sequence(
     largest board: every direction and every `slide r c`; the directions alone, `list(DIRECTIONS)`,
     give the best sequence of directions).
 
-    What a policy that never reads the board can score on these boards; exact. Ties go to the sequence
-    that comes first in the order of `actions`. Boards may mix sizes (a `slide` off a smaller board is
+    What a policy that never reads the board can score on these boards; exact. Ties go to the shorter
+    sequence, then to the one that comes first in the order of `actions`. Boards may mix sizes (a `slide` off a smaller board is
     illegal there). ValueError when more than `MAX_LISTED_BOARDS` boards lie within `max_moves` of solved.
     """
     if not grids:
@@ -450,8 +451,12 @@ def best_blind_sequence(
     if max_moves < 0:
         raise ValueError(f"max_moves must be >= 0, got {max_moves}")
     search = _BlindSearch(grids, max_moves, actions or blind_actions(max(len(g) for g in grids)))
-    solved, sequence = search.best(search.start(grids, max_moves), max_moves)
-    return BlindBaseline(tuple(search.actions[a] for a in sequence), solved, len(grids))
+    most = search.best(search.start(grids, max_moves), max_moves)[0]
+    for budget in range(max_moves + 1):  # the shortest budget that does as well (the memo is shared)
+        solved, sequence = search.best(search.start(grids, budget), budget)
+        if solved == most:
+            return BlindBaseline(tuple(search.actions[a] for a in sequence), solved, len(grids))
+    raise AssertionError("unreachable: the full budget reaches its own best")
 
 
 def task_grid(task: dict[str, Any], seed: int = 0) -> Grid:
