@@ -307,3 +307,19 @@ def test_blind_solved_rate_per_budget_and_errors() -> None:
     assert blind_solved_rate([A3, ONE_UP, B3, ONE_LEFT], [3, 1, 3, 1]) == 3 / 4
     with pytest.raises(ValueError, match="no boards"):
         best_blind_sequence([], 3)
+
+
+def test_too_many_boards_to_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    import posttrain.environments.sliding_puzzle as sp
+
+    monkeypatch.setattr(sp, "MAX_LISTED_BOARDS", 50)
+    monkeypatch.setattr(sp, "_NEAR_GOAL", {})
+    monkeypatch.setattr(sp, "_TOO_FAR", {})
+    assert len(boards_near_goal(3, 4)) == 31  # 1 + 2 + 4 + 8 + 16
+    with pytest.raises(ValueError, match="more than 50 boards of size 3 lie within 5 moves"):
+        boards_near_goal(3, 6)
+    with pytest.raises(ValueError, match="within 7 moves"):  # known too many: not listed again
+        boards_near_goal(3, 7)
+    assert move_is_optimal(ONE_LEFT, SOLVED_3, 6) is None  # the metric is left unknown
+    with pytest.raises(ValueError, match="more than 50 boards"):
+        best_blind_sequence([ONE_LEFT], 6)

@@ -256,6 +256,8 @@ board about 240,000 within 16 moves)."""
 
 _NEAR_GOAL: dict[int, tuple[int, dict[tuple[int, ...], int]]] = {}
 """Per board size: (radius, every board within radius moves of solved -> its distance)."""
+_TOO_FAR: dict[int, int] = {}
+"""Per board size: a radius within which more than `MAX_LISTED_BOARDS` boards lie (not listed again)."""
 
 
 def _flat_neighbours(size: int) -> list[list[int]]:
@@ -278,6 +280,10 @@ def boards_near_goal(size: int, radius: int) -> dict[tuple[int, ...], int]:
     known = _NEAR_GOAL.get(size)
     if known is not None and known[0] >= radius:
         return known[1]
+    if radius >= _TOO_FAR.get(size, radius + 1):
+        raise ValueError(
+            f"more than {MAX_LISTED_BOARDS} boards of size {size} lie within {radius} moves of solved"
+        )
     neighbours = _flat_neighbours(size)
     goal = board_key(solved_grid(size))
     distance = {goal: 0}
@@ -294,6 +300,7 @@ def boards_near_goal(size: int, radius: int) -> dict[tuple[int, ...], int]:
                     distance[new] = d
                     nxt.append(new)
         if len(distance) > MAX_LISTED_BOARDS:
+            _TOO_FAR[size] = d
             raise ValueError(
                 f"more than {MAX_LISTED_BOARDS} boards of size {size} lie within {d} moves of solved"
             )
@@ -443,8 +450,9 @@ def best_blind_sequence(
     give the best sequence of directions).
 
     What a policy that never reads the board can score on these boards; exact. Ties go to the shorter
-    sequence, then to the one that comes first in the order of `actions`. Boards may mix sizes (a `slide` off a smaller board is
-    illegal there). ValueError when more than `MAX_LISTED_BOARDS` boards lie within `max_moves` of solved.
+    sequence, then to the one that comes first in the order of `actions`. Boards may mix sizes (a
+    `slide` off a smaller board is illegal there). ValueError when more than `MAX_LISTED_BOARDS`
+    boards lie within `max_moves` of solved.
     """
     if not grids:
         raise ValueError("no boards")
