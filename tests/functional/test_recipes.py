@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(600)
 
 RECIPES = {
     "grpo_sliding_puzzle.yaml": "env/solved_rate",
+    "grpo_sliding_puzzle_3x3.yaml": "env/first_move_optimal_rate",
     "grpo_calculator.yaml": "env/tool_call_rate",
     "grpo_code.yaml": "env/pass_rate",
     "grpo_reasoning_gym.yaml": "env/tries_per_episode",
@@ -108,3 +109,82 @@ def test_message_penalties_run_a_step_on_the_calculator_recipe(tiny_model_dir: P
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     [step] = [r for r in rows if "reward/mean" in r]
     assert 0.0 <= step["invalid_tool_call_rate"] <= 1.0 and 0.0 <= step["malformed_thinking_rate"] <= 1.0
+
+
+@pytest.mark.slow  # 17-23 s on the 2-core machine
+def test_sliding_puzzle_3x3_recipes_chain(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The 3x3 sliding puzzle's recipes in order, each for one step: oracle transcripts (the script),
+    SFT on them (sft_sliding_puzzle.yaml), GRPO from the SFT checkpoint (grpo_sliding_puzzle_3x3.yaml),
+    then the held-out evaluation (eval_sliding_puzzle_3x3.yaml), with the blind baseline and the
+    first-move rate beside the solved rate in validation and in the evaluation summary."""
+    import runpy
+
+    script = runpy.run_path("examples/sliding_puzzle_transcripts.py", run_name="transcripts")
+    env = (
+        '{"min_size": 2, "max_size": 3, "max_shuffle_moves": 15, "redraw_board": true, "action_prefix": true}'
+    )
+    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
+    script["main"]([str(train), "--count", "16", "--env", env])
+    script["main"]([str(held), "--count", "4", "--seed", "99999", "--split", "heldout", "--env", env])
+    common = ["cluster.backend=local", "logging.tensorboard=false"]
+    sft_dir, grpo_dir = tmp_path / "sft", tmp_path / "grpo"
+    sft = [
+        "sft",
+        "--config",
+        "examples/configs/sft_sliding_puzzle.yaml",
+        f"policy.model_name={tiny_model_dir}",
+    ]
+    sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
+    assert (
+        main(
+            [
+                *sft,
+                "sft.global_batch_size=4",
+                "checkpoint.save_every=1",
+                *common,
+                f"logging.run_dir={sft_dir}",
+            ]
+        )
+        == 0
+    )
+    [checkpoint] = (sft_dir / "checkpoints").glob("step_*")
+    grpo = [
+        "grpo",
+        "--config",
+        "examples/configs/grpo_sliding_puzzle_3x3.yaml",
+        f"policy.model_name={checkpoint / 'model'}",
+    ]
+    grpo += [
+        "data.train.environment_tasks.size=8",
+        "data.validation.environment_tasks.size=2",
+        "grpo.max_steps=1",
+    ]
+    grpo += [
+        "grpo.prompts_per_step=2",
+        "grpo.generations_per_prompt=2",
+        "grpo.val_every=1",
+        "generation.max_new_tokens=6",
+    ]
+    assert main([*grpo, *common, f"logging.run_dir={grpo_dir}"]) == 0
+    rows = [json.loads(line) for line in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if "val/accuracy" in r]
+    assert [r["step"] for r in val] == [0, 1]
+    for row in val:
+        assert 0.0 <= row["val/env/first_move_optimal_rate"] <= 1.0
+        assert 0.0 < row["val/env/blind_solved_rate"] <= 1.0
+    out = tmp_path / "eval"
+    evaluation = ["eval", "--config", "examples/configs/eval_sliding_puzzle_3x3.yaml", f"model={grpo_dir}"]
+    assert (
+        main(
+            [
+                *evaluation,
+                "data.dataset.environment_tasks.size=4",
+                "generation.max_new_tokens=6",
+                f"output_dir={out}",
+            ]
+        )
+        == 0
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_problems"] == 4
+    assert {"env/first_move_optimal_rate", "env/blind_solved_rate"} <= set(summary)

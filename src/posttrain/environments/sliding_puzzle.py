@@ -19,13 +19,26 @@ action is an explanatory observation (what went wrong, the legal moves, the form
 
 The game is a handful of pure functions on a grid (a list of rows, 0 = the empty square), so a
 BFS oracle and tests can use them; `SlidingPuzzleEnvironment` is the batched environment.
+
+Around the game (docs/environments.md#sliding-puzzle-on-3x3-boards):
+
+- **Held-out boards** (`is_heldout`): a board and its `mirror` (reflected in the main diagonal) are
+  the same number of moves from solved and go to different pools, so `generate_tasks(..., split=)`
+  draws "train" and "heldout" tasks that never share a board, half of the boards at every distance.
+- **Blind baseline** (`best_blind_sequence`): the best fixed action sequence for a set of boards,
+  found by enumeration: what a policy that never reads the board solves.
+- **Oracle transcripts** (`oracle_transcript`): the conversation of an optimal player through the
+  environment's own reset and step, for an SFT warm start (examples/sliding_puzzle_transcripts.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from posttrain.environments.interface import (
@@ -43,6 +56,11 @@ DIRECTIONS: dict[str, tuple[int, int]] = {"up": (1, 0), "down": (-1, 0), "left":
 """Direction -> offset from the empty square to the tile that moves (`up`: the tile below moves up)."""
 
 STOP_STRINGS = ("</action>",)
+MAX_BLIND_MOVES = 10
+"""The longest budget `SlidingPuzzleEnvironment(blind_baseline=True)` enumerates blind sequences for."""
+MAX_DRAWS_PER_TASK = 200
+"""`generate_tasks` gives up after this many draws per task asked for (a split or a minimum distance
+that almost no board meets)."""
 
 
 class IllegalMove(ValueError):
@@ -185,6 +203,276 @@ def solve_bfs(grid: Grid, max_states: int = 2_000_000) -> list[str] | None:
     return None
 
 
+# --- held-out boards ---------------------------------------------------------------------------------
+
+SPLITS = ("train", "heldout")
+"""The two disjoint pools of boards `generate_tasks(..., split=)` draws from (see `is_heldout`)."""
+
+
+def board_key(grid: Grid) -> tuple[int, ...]:
+    """The board as one hashable tuple, in reading order."""
+    return tuple(v for row in grid for v in row)
+
+
+def mirror(grid: Grid) -> Grid:
+    """The board reflected in its main diagonal, tiles renamed so that the goal is its own mirror: the
+    tile whose goal cell is (r, c) becomes the tile whose goal cell is (c, r). A move `up` on a board
+    is `left` on its mirror (and `down` is `right`), so both are the same number of moves from solved.
+    """
+    size = len(grid)
+
+    def rename(tile: int) -> int:
+        r, c = divmod(tile - 1, size)
+        return c * size + r + 1 if tile else 0
+
+    return [[rename(grid[c][r]) for c in range(size)] for r in range(size)]
+
+
+def _digest(grid: Grid) -> bytes:
+    return hashlib.sha256(repr(board_key(grid)).encode()).digest()
+
+
+def is_heldout(grid: Grid) -> bool:
+    """Whether a board belongs to the held-out pool (else to the training pool).
+
+    A board and its `mirror` go to different pools: the one with the smaller SHA-256 of `board_key` is
+    held out. Mirroring keeps the distance from solved, so each pool holds exactly half of the boards
+    at every distance, and a random shuffle is as likely to give a board as its mirror. A board that
+    is its own mirror (its empty square on the diagonal: never after an odd shuffle, which leaves the
+    empty square an odd number of steps from its corner) is held out when its hash's first byte is
+    even. A fixed rule: the same board is in the same pool in every run, recipe and board size mix.
+    """
+    other = mirror(grid)
+    if other == grid:
+        return _digest(grid)[0] % 2 == 0
+    return _digest(grid) < _digest(other)
+
+
+# --- distances from solved -------------------------------------------------------------------------
+
+MAX_LISTED_BOARDS = 500_000
+"""The most boards `solution_length` lists around one goal (a 3×3 board has 181,440 in all; a 4×4
+board about 240,000 within 16 moves)."""
+
+_NEAR_GOAL: dict[int, tuple[int, dict[tuple[int, ...], int]]] = {}
+"""Per board size: (radius, every board within radius moves of solved -> its distance)."""
+_TOO_FAR: dict[int, int] = {}
+"""Per board size: a radius within which more than `MAX_LISTED_BOARDS` boards lie (not listed again)."""
+
+
+def _flat_neighbours(size: int) -> list[list[int]]:
+    """Per cell index (reading order), the indices of the cells next to it."""
+    cells = [divmod(i, size) for i in range(size * size)]
+    return [
+        [
+            (r + dr) * size + c + dc
+            for dr, dc in DIRECTIONS.values()
+            if 0 <= r + dr < size and 0 <= c + dc < size
+        ]
+        for r, c in cells
+    ]
+
+
+def boards_near_goal(size: int, radius: int) -> dict[tuple[int, ...], int]:
+    """Every board within `radius` moves of solved (as `board_key`) -> its distance, by breadth-first
+    search from the goal; cached per size (a larger radius asked before is reused: boards beyond
+    `radius` may then be in the answer too). ValueError past `MAX_LISTED_BOARDS` boards."""
+    known = _NEAR_GOAL.get(size)
+    if known is not None and known[0] >= radius:
+        return known[1]
+    if radius >= _TOO_FAR.get(size, radius + 1):
+        raise ValueError(
+            f"more than {MAX_LISTED_BOARDS} boards of size {size} lie within {radius} moves of solved"
+        )
+    neighbours = _flat_neighbours(size)
+    goal = board_key(solved_grid(size))
+    distance = {goal: 0}
+    frontier = [goal]
+    for d in range(1, radius + 1):
+        nxt = []
+        for key in frontier:
+            empty = key.index(0)
+            for cell in neighbours[empty]:
+                moved = list(key)
+                moved[empty], moved[cell] = moved[cell], 0
+                new = tuple(moved)
+                if new not in distance:
+                    distance[new] = d
+                    nxt.append(new)
+        if len(distance) > MAX_LISTED_BOARDS:
+            _TOO_FAR[size] = d
+            raise ValueError(
+                f"more than {MAX_LISTED_BOARDS} boards of size {size} lie within {d} moves of solved"
+            )
+        frontier = nxt
+    _NEAR_GOAL[size] = (radius, distance)
+    return distance
+
+
+def solution_length(grid: Grid, limit: int) -> int | None:
+    """The number of moves of a shortest solution, or None when it is more than `limit` (the length
+    of a shuffle bounds it: a board shuffled by k moves is at most k moves from solved)."""
+    distance = boards_near_goal(len(grid), limit).get(board_key(grid))
+    return distance if distance is not None and distance <= limit else None
+
+
+def move_is_optimal(before: Grid, after: Grid, limit: int) -> bool | None:
+    """Whether going from `before` to `after` (one turn) lies on a shortest solution: the distance
+    from solved drops by one. None when `before` is more than `limit` moves from solved, or when the
+    boards within `limit` moves are too many to list (`MAX_LISTED_BOARDS`)."""
+    try:
+        start = solution_length(before, limit)
+    except ValueError:
+        return None
+    if start is None:
+        return None
+    return start > 0 and solution_length(after, start - 1) == start - 1
+
+
+# --- the blind baseline -----------------------------------------------------------------------------
+
+
+def blind_actions(size: int) -> list[str]:
+    """Every move a policy that ignores the board can write on boards up to `size`: the four directions
+    and `slide r c` for every cell. (`view`, malformed and unknown actions change no board: a sequence
+    with one solves no board that the same sequence without it, one turn earlier, does not.)"""
+    cells = [f"slide {r + 1} {c + 1}" for r in range(size) for c in range(size)]
+    return [*DIRECTIONS, *cells]
+
+
+def play_blind(grid: Grid, action: str) -> Grid:
+    """The board after one turn of a fixed sequence, by the environment's rule: an illegal move (a
+    direction with no tile to slide, a `slide` of a cell not next to the empty square or off the
+    board) makes no move and still uses the turn."""
+    try:
+        return apply_action(grid, action)[0]
+    except IllegalMove:
+        return grid
+
+
+@dataclass(frozen=True)
+class BlindBaseline:
+    """The best fixed action sequence for a set of boards and how many of them it solves.
+
+    actions: the sequence (at most the move budget long, the shortest of the best: it ends with the
+        move that solves its last board; a sequence that solves nothing is empty).
+    solved, boards: boards solved within the budget (the episode ends when solved), of all boards.
+    """
+
+    actions: tuple[str, ...]
+    solved: int
+    boards: int
+
+    @property
+    def solved_rate(self) -> float:
+        return self.solved / self.boards if self.boards else 0.0
+
+
+State = tuple[tuple[int, int], ...]
+"""The boards still in play under a fixed sequence: sorted (board index, how many boards) pairs."""
+
+
+class _BlindSearch:
+    """Depth-first enumeration of fixed sequences over the boards within the budget of solved.
+
+    Exact, with two savings that never drop a better sequence: (1) a board further from solved than
+    the turns left can no longer be solved and leaves the state, and prefixes that leave the same
+    boards in play after the same number of turns share one search (memoised), which also merges the
+    moves that act alike on every board (a move undoing the previous one is not skipped: on a board
+    where the previous move was illegal it is a different move); (2) once a sequence solves every
+    board still in play, no other move is tried from there.
+    """
+
+    def __init__(self, grids: Sequence[Grid], max_moves: int, actions: Sequence[str]) -> None:
+        self.actions = list(actions)
+        self.boards: list[Grid] = []
+        self.distance: list[int] = []
+        self.index: dict[tuple[int, tuple[int, ...]], int] = {}
+        for size in sorted({len(g) for g in grids}):
+            for key, d in boards_near_goal(size, max_moves).items():
+                if d <= max_moves:
+                    self.index[(size, key)] = len(self.boards)
+                    self.boards.append([list(key[r * size : (r + 1) * size]) for r in range(size)])
+                    self.distance.append(d)
+        self.after = [[self._after(board, a) for a in self.actions] for board in self.boards]
+        self.memo: dict[tuple[int, State], tuple[int, tuple[int, ...]]] = {}
+
+    def _after(self, board: Grid, action: str) -> int:
+        """Index of the board after `action`, or -1 when it is more than the budget from solved."""
+        return self.index.get((len(board), board_key(play_blind(board, action))), -1)
+
+    def start(self, grids: Sequence[Grid], max_moves: int) -> State:
+        live = Counter(self.index.get((len(g), board_key(g)), -1) for g in grids)
+        return tuple(sorted((i, n) for i, n in live.items() if i >= 0 and self.distance[i] <= max_moves))
+
+    def turn(self, state: State, action: int, left: int) -> tuple[int, State]:
+        """Boards solved by one move of every board in `state`, and those still solvable in `left` turns."""
+        solved, live = 0, Counter()
+        for i, n in state:
+            j = self.after[i][action]
+            if j >= 0 and self.distance[j] == 0:
+                solved += n
+            elif j >= 0 and self.distance[j] <= left:
+                live[j] += n
+        return solved, tuple(sorted(live.items()))
+
+    def best(self, state: State, left: int) -> tuple[int, tuple[int, ...]]:
+        """(boards solved, action indices) of the best sequence of at most `left` moves from `state`
+        (the first in the order of the actions among the best)."""
+        if left == 0 or not state:
+            return 0, ()
+        if (left, state) in self.memo:
+            return self.memo[(left, state)]
+        everything = sum(n for _, n in state)
+        found: tuple[int, tuple[int, ...]] = (0, ())
+        tried = set()
+        for action in range(len(self.actions)):
+            solved, rest = self.turn(state, action, left - 1)
+            if (solved, rest) in tried:
+                continue
+            tried.add((solved, rest))
+            more, sequence = self.best(rest, left - 1)
+            if solved + more > found[0]:
+                found = (solved + more, (action, *sequence))
+                if found[0] == everything:
+                    break
+        self.memo[(left, state)] = found
+        return found
+
+
+def best_blind_sequence(
+    grids: Sequence[Grid], max_moves: int, actions: Sequence[str] | None = None
+) -> BlindBaseline:
+    """The fixed action sequence of at most `max_moves` moves (the episode's budget) that solves the most
+    of `grids`, played by the environment's rules (`play_blind`; a board counts as solved on the turn
+    it is solved, when its episode ends), each move one of `actions` (default `blind_actions` of the
+    largest board: every direction and every `slide r c`; the directions alone, `list(DIRECTIONS)`,
+    give the best sequence of directions).
+
+    What a policy that never reads the board can score on these boards; exact. Ties go to the shorter
+    sequence, then to the one that comes first in the order of `actions`. Boards may mix sizes (a
+    `slide` off a smaller board is illegal there). ValueError when more than `MAX_LISTED_BOARDS`
+    boards lie within `max_moves` of solved.
+    """
+    if not grids:
+        raise ValueError("no boards")
+    if max_moves < 0:
+        raise ValueError(f"max_moves must be >= 0, got {max_moves}")
+    search = _BlindSearch(grids, max_moves, actions or blind_actions(max(len(g) for g in grids)))
+    most = search.best(search.start(grids, max_moves), max_moves)[0]
+    for budget in range(max_moves + 1):  # the shortest budget that does as well (the memo is shared)
+        solved, sequence = search.best(search.start(grids, budget), budget)
+        if solved == most:
+            return BlindBaseline(tuple(search.actions[a] for a in sequence), solved, len(grids))
+    raise AssertionError("unreachable: the full budget reaches its own best")
+
+
+def task_grid(task: dict[str, Any], seed: int = 0) -> Grid:
+    """The board a task starts from, as `SlidingPuzzleEnvironment.reset` makes it (`seed` stands in
+    for the episode's seed when the task has no "puzzle_seed")."""
+    return shuffled_grid(int(task["size"]), int(task["shuffle_moves"]), int(task.get("puzzle_seed", seed)))
+
+
 def parse_action(text: str) -> str | None:
     """The content of the last `<action>…</action>` (case-insensitive, stripped, lower-cased); a last
     tag left open at the end of the text (the closing tag cut as a stop string) counts too. None
@@ -219,8 +507,10 @@ def instructions(grid: Grid) -> str:
 class SlidingPuzzleEnvironment:
     """The sliding puzzle as a multi-turn environment (see the module docstring for the rules).
 
-    Tasks are `{"size": int, "shuffle_moves": int, "puzzle_seed": int}` (from `generate_tasks`);
-    `reset` turns each into its board deterministically, so a fixed list of tasks is a held-out set.
+    Tasks are `{"size": int, "shuffle_moves": int, "puzzle_seed": int}` (from `generate_tasks`, with
+    "split" when drawn from one pool); `reset` turns each into its board deterministically, so a fixed
+    list of tasks is a fixed evaluation set, and `generate_tasks(..., split="heldout")` one that shares
+    no board with `split="train"` tasks (`is_heldout`).
     A task without "puzzle_seed" takes the episode's seed; a task's "max_moves" can lower the
     environment's `max_moves`, never raise it (the config checks `max_moves` against `environment.max_turns`).
 
@@ -228,6 +518,8 @@ class SlidingPuzzleEnvironment:
         min_size, max_size: board sizes drawn by `generate_tasks` (inclusive).
         max_shuffle_moves: `generate_tasks` draws the shuffle length in 1..max_shuffle_moves and
             makes it odd (adds 1 to an even draw), as NeMo RL does.
+        min_solution_moves: `generate_tasks` draws again a board that a shorter solution solves (1:
+            every board; 3 with max_shuffle_moves=5: boards 3 or 5 moves from solved).
         max_moves: turns per episode (every action counts, see the module docstring).
         redraw_board: show the board after every turn (otherwise only after `view` or a malformed
             action, as in NeMo RL).
@@ -238,10 +530,16 @@ class SlidingPuzzleEnvironment:
             not generated), so the model writes only the move. A small model that never writes the
             tag itself (SmolLM2-135M-Instruct: 1 reply in 256 at temperature 1) then explores moves
             from the first step.
+        blind_baseline: `batch_metrics` also reports `env/blind_solved_rate`, the solved rate of the
+            best fixed action sequence (`best_blind_sequence`) on the boards that the batch's
+            episodes started from, within each episode's `max_moves` (at most `MAX_BLIND_MOVES`: the
+            enumeration grows with the budget).
 
     Metadata (the episode state, passed back to every `step`): "grid", "moves" (turns taken),
     "max_moves". Info per turn: "action" (parsed, or None), "outcome" ("moved", "view",
-    "illegal", "no_action"), "solved", "moves".
+    "illegal", "no_action"), "solved", "moves"; on the first turn also "first_move_optimal" (the turn
+    moved the board one move closer to solved: `move_is_optimal`; None when unknown) and, with
+    `blind_baseline`, "start_grid" and "max_moves".
     """
 
     turn_limit_kwarg: ClassVar[str] = "max_moves"
@@ -256,6 +554,8 @@ class SlidingPuzzleEnvironment:
         redraw_board: bool = False,
         shaped_reward: float = 0.0,
         action_prefix: bool = False,
+        min_solution_moves: int = 1,
+        blind_baseline: bool = False,
     ) -> None:
         if not 2 <= min_size <= max_size:
             raise ValueError(f"need 2 <= min_size <= max_size, got min_size={min_size} max_size={max_size}")
@@ -266,6 +566,17 @@ class SlidingPuzzleEnvironment:
                 f"shaped_reward must be in [0, 1], got {shaped_reward}: above 1 an episode that runs out "
                 "unsolved could pay more than solving the puzzle (1)"
             )
+        longest = max_shuffle_moves + 1 - max_shuffle_moves % 2
+        if not 1 <= min_solution_moves <= longest:
+            raise ValueError(
+                f"min_solution_moves must be in 1..{longest} (the longest shuffle: no board is further from "
+                f"solved), got {min_solution_moves}"
+            )
+        if blind_baseline and max_moves > MAX_BLIND_MOVES:
+            raise ValueError(
+                f"blind_baseline enumerates action sequences of max_moves={max_moves} moves; at most "
+                f"{MAX_BLIND_MOVES} are allowed"
+            )
         self.min_size = min_size
         self.max_size = max_size
         self.max_shuffle_moves = max_shuffle_moves
@@ -273,17 +584,51 @@ class SlidingPuzzleEnvironment:
         self.redraw_board = redraw_board
         self.shaped_reward = shaped_reward
         self.action_prefix = action_prefix
+        self.min_solution_moves = min_solution_moves
+        self.blind_baseline = blind_baseline
 
-    def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
-        """`count` puzzles drawn from `seed`: size, an odd shuffle length and the board's own seed."""
+    def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
+        """`count` puzzles drawn from `seed`: size, an odd shuffle length and the board's own seed.
+
+        With `split` ("train" or "heldout"), every board comes from that pool (`is_heldout`; the task
+        says `"split"`): a draw whose board is in the other pool, or closer to solved than
+        `min_solution_moves`, is drawn again. Without a split, boards from both pools (the draws of
+        earlier versions, unchanged when `min_solution_moves` is 1).
+        """
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"unknown sliding puzzle split {split!r}; use one of {SPLITS}")
         rng = random.Random(seed)
-        tasks = []
-        for _ in range(count):
-            size = rng.randint(self.min_size, self.max_size)
-            shuffle_moves = rng.randint(1, self.max_shuffle_moves)
-            shuffle_moves += 1 - shuffle_moves % 2
-            tasks.append({"size": size, "shuffle_moves": shuffle_moves, "puzzle_seed": rng.randrange(2**31)})
+        tasks: list[dict[str, Any]] = []
+        draws = 0
+        while len(tasks) < count:
+            draws += 1
+            if draws > MAX_DRAWS_PER_TASK * count:
+                raise ValueError(
+                    f"{draws - 1} draws gave only {len(tasks)} of {count} boards of split {split!r} at least "
+                    f"{self.min_solution_moves} moves from solved; allow longer shuffles or a wider size range"
+                )
+            task = self._draw(rng)
+            if self._keeps(task, split):
+                tasks.append(task if split is None else {**task, "split": split})
         return tasks
+
+    def _draw(self, rng: random.Random) -> dict[str, Any]:
+        size = rng.randint(self.min_size, self.max_size)
+        shuffle_moves = rng.randint(1, self.max_shuffle_moves)
+        shuffle_moves += 1 - shuffle_moves % 2
+        return {"size": size, "shuffle_moves": shuffle_moves, "puzzle_seed": rng.randrange(2**31)}
+
+    def _keeps(self, task: dict[str, Any], split: str | None) -> bool:
+        """Whether a drawn task's board is in `split` (any, for None) and far enough from solved."""
+        if split is None and self.min_solution_moves <= 1:
+            return True
+        grid = task_grid(task)
+        if split is not None and is_heldout(grid) != (split == "heldout"):
+            return False
+        if self.min_solution_moves <= 1:
+            return True
+        length = solution_length(grid, int(task["shuffle_moves"]))
+        return length is not None and length >= self.min_solution_moves
 
     def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
         """One episode per task; a task without "puzzle_seed" uses the episode's seed."""
@@ -346,6 +691,8 @@ class SlidingPuzzleEnvironment:
         done = solved or moves >= meta["max_moves"]
         new_meta = {**meta, "grid": grid, "moves": moves}
         info = {"action": action, "outcome": outcome, "solved": solved, "moves": moves}
+        if meta["moves"] == 0:
+            info.update(self._first_turn_info(meta, grid))
         if solved:
             return 1.0, None, True, new_meta, info
         if done:
@@ -354,8 +701,20 @@ class SlidingPuzzleEnvironment:
             text += f"\n\n{render(grid)}"
         return 0.0, {"role": "user", "content": text}, False, new_meta, info
 
+    def _first_turn_info(self, meta: dict[str, Any], grid: Grid) -> dict[str, Any]:
+        """Info of an episode's first turn: whether it moved closer to solved (and the start board and
+        budget for the blind baseline)."""
+        shuffle = meta.get("shuffle_moves")
+        optimal = None if shuffle is None else move_is_optimal(meta["grid"], grid, int(shuffle))
+        info: dict[str, Any] = {"first_move_optimal": optimal}
+        if self.blind_baseline:
+            info.update(start_grid=meta["grid"], max_moves=meta["max_moves"])
+        return info
+
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
-        """Per turn: illegal / malformed action rates; over the episodes that ended: solved rate, moves."""
+        """Per turn: illegal / malformed action rates; over the episodes that ended: solved rate, moves;
+        over the episodes that started: the rate of first moves on a shortest solution
+        (`env/first_move_optimal_rate`) and, with `blind_baseline`, `env/blind_solved_rate`."""
         n = max(len(results), 1)
         ended = [i for i, d in zip(results.info, results.done, strict=True) if d]
         metrics = {
@@ -365,4 +724,76 @@ class SlidingPuzzleEnvironment:
         if ended:
             metrics["env/solved_rate"] = sum(bool(i.get("solved")) for i in ended) / len(ended)
             metrics["env/moves_per_episode"] = sum(i.get("moves", 0) for i in ended) / len(ended)
+        firsts = [i for i in results.info if i.get("moves") == 1]
+        known = [i["first_move_optimal"] for i in firsts if i.get("first_move_optimal") is not None]
+        if known:
+            metrics["env/first_move_optimal_rate"] = sum(known) / len(known)
+        starts = [i for i in firsts if "start_grid" in i]
+        if starts:
+            metrics["env/blind_solved_rate"] = blind_solved_rate(
+                [i["start_grid"] for i in starts], [i["max_moves"] for i in starts]
+            )
         return metrics
+
+
+def blind_solved_rate(grids: Sequence[Grid], max_moves: Sequence[int]) -> float:
+    """The share of `grids` that the best fixed sequence solves, each board within its own budget:
+    boards that share a budget share a sequence (`best_blind_sequence`), one per budget."""
+    solved = 0
+    for budget in sorted(set(max_moves)):
+        group = [g for g, m in zip(grids, max_moves, strict=True) if m == budget]
+        solved += best_blind_sequence(group, budget).solved
+    return solved / len(grids)
+
+
+# --- oracle transcripts ------------------------------------------------------------------------------
+
+
+def oracle_moves(grid: Grid, limit: int, prefer_train: bool = False) -> list[str]:
+    """A shortest solution (directions) of a board at most `limit` moves from solved: each move the
+    first of up, down, left, right that brings the board one move closer; with `prefer_train`, the
+    first that leads to a training-pool board (`is_heldout`) or solves it, when one does."""
+    length = solution_length(grid, limit)
+    if length is None:
+        raise ValueError(f"the board is more than {limit} moves from solved")
+    moves = []
+    for left in range(length, 0, -1):
+        closer = [
+            (move, after)
+            for move in legal_directions(grid)
+            if solution_length(after := apply_action(grid, move)[0], left - 1) == left - 1
+        ]
+        if prefer_train:
+            closer.sort(key=lambda pair: is_heldout(pair[1]) and not is_solved(pair[1]))
+        move, grid = closer[0]
+        moves.append(move)
+    return moves
+
+
+def oracle_transcript(
+    env: SlidingPuzzleEnvironment, task: dict[str, Any], hide_heldout: bool = True
+) -> list[Message]:
+    """The conversation of an optimal player on `task`, through the environment's own `reset` and `step`:
+    its first messages, then per move the assistant turn `<action>{direction}</action>` (what an
+    episode's message log holds, with or without `action_prefix`: the prefix plus the generated
+    reply) and the environment's observation, until the board is solved (no observation after the
+    solving move) or `env.max_moves` runs out.
+
+    With `hide_heldout`, no held-out board (`is_heldout`) is shown: the task must start from a
+    training board, and with `redraw_board` the player prefers shortest moves that lead to training
+    boards and the conversation stops after a move to a held-out board, before the observation that
+    would draw it. SFT on these trains no reply to a board of the held-out pool.
+    """
+    [start] = env.reset([task], [0])
+    messages, meta = list(start.messages), start.metadata
+    if hide_heldout and is_heldout(meta["grid"]):
+        raise ValueError(f"task {task} starts from a held-out board")
+    hide_boards = hide_heldout and env.redraw_board
+    for move in oracle_moves(meta["grid"], int(task["shuffle_moves"]), prefer_train=hide_boards):
+        messages.append({"role": "assistant", "content": f"<action>{move}</action>"})
+        result = env.step([messages], [meta])
+        meta = result.metadata[0]
+        if result.done[0] or (hide_boards and is_heldout(meta["grid"])):
+            break
+        messages.append(result.observations[0])
+    return messages

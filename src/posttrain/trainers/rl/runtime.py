@@ -305,6 +305,8 @@ class RLRuntime:
             "val/reward": scored_reward_metrics(r.rewards, r.scored)["reward/mean"],
             "val/response_length": float(r.response_lengths.mean()),
             "timing/validation": time.perf_counter() - start,
+            # the environment's own metrics of the held-out episodes (val/env/solved_rate, ...)
+            **{f"val/{k}": v for k, v in r.env_metrics.items() if k.startswith("env/")},
         }
         if n > 1:
             metrics[f"val/pass@{n}"] = sum(pass_at_k(n, c, n) for c in per_problem) / len(per_problem)

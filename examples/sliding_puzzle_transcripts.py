@@ -1,0 +1,70 @@
+"""Oracle transcripts of the sliding puzzle, for an SFT warm start (docs/environments.md#sliding-puzzle-on-3x3-boards).
+
+Writes one JSON line per puzzle, `{"messages": [...], "task": {...}}`: the environment's own first
+message and observations, and per move the optimal player's assistant turn `<action>up</action>`
+(`posttrain.environments.sliding_puzzle.oracle_transcript`). By default from training-pool boards,
+and no held-out board is shown (see `--show-heldout`); `--split heldout` writes held-out puzzles
+played to the end (a validation set for the SFT loss). `posttrain sft` reads the files as
+`data.train.path` and `data.validation.path`:
+
+    ENV='{"min_size": 2, "max_size": 3, "max_shuffle_moves": 15, "redraw_board": true, "action_prefix": true}'
+    python examples/sliding_puzzle_transcripts.py data/sliding_puzzle_sft.jsonl --count 4000 --env "$ENV"
+    python examples/sliding_puzzle_transcripts.py data/sliding_puzzle_sft_heldout.jsonl --count 128 \\
+        --seed 99999 --split heldout --env "$ENV"
+
+`--env` takes the environment's keyword arguments: give the GRPO recipe's `redraw_board` (the
+observations depend on it) and the board sizes and shuffles to learn from; `max_moves` (default 50)
+only has to be long enough for the shuffles. The assistant turns are the same with or without
+`action_prefix`: an episode's message holds the "<action>" prefix and the generated "up</action>".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, oracle_transcript
+
+
+def write_transcripts(
+    out: Path,
+    env: SlidingPuzzleEnvironment,
+    count: int,
+    seed: int,
+    split: str = "train",
+    show_heldout: bool = False,
+) -> int:
+    """Write `count` transcripts of puzzles of `split` drawn from `seed`; returns the number of moves.
+    Held-out boards are hidden (`oracle_transcript`'s hide_heldout) in training transcripts unless
+    `show_heldout`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    moves = 0
+    with open(out, "w") as f:
+        for task in env.generate_tasks(count, seed, split=split):
+            messages = oracle_transcript(env, task, hide_heldout=split == "train" and not show_heldout)
+            moves += sum(m["role"] == "assistant" for m in messages)
+            f.write(json.dumps({"messages": messages, "task": task}) + "\n")
+    return moves
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the JSONL file to write")
+    parser.add_argument("--count", type=int, default=4000, help="puzzles (one transcript each)")
+    parser.add_argument("--seed", type=int, default=7, help="seed of the draw")
+    parser.add_argument("--split", choices=["train", "heldout"], default="train", help="the pool of boards")
+    parser.add_argument("--env", default="{}", help="SlidingPuzzleEnvironment keyword arguments, as JSON")
+    parser.add_argument(
+        "--show-heldout",
+        action="store_true",
+        help="play every puzzle to the end, even where a redrawn board is a held-out one",
+    )
+    args = parser.parse_args(argv)
+    env = SlidingPuzzleEnvironment(**json.loads(args.env))
+    moves = write_transcripts(args.out, env, args.count, args.seed, args.split, args.show_heldout)
+    print(f"wrote {args.count} transcripts ({moves} moves) to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
