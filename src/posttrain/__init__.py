@@ -47,18 +47,10 @@ _EXPORTS = {
         name: "posttrain.api"
         for name in ("sft", "dpo", "rm", "grpo", "ppo", "distill", "evaluate", "make_config")
     },
-    **{
-        name: "posttrain.config.schema"
-        for name in (
-            "SFTConfig",
-            "DPOConfig",
-            "RMConfig",
-            "GRPOConfig",
-            "PPOConfig",
-            "DistillConfig",
-            "EvalConfig",
-        )
-    },
+    **{name: "posttrain.config.supervised" for name in ("SFTConfig", "DPOConfig", "RMConfig")},
+    **{name: "posttrain.config.rl" for name in ("GRPOConfig", "DistillConfig")},
+    "PPOConfig": "posttrain.config.ppo",
+    "EvalConfig": "posttrain.config.eval",
     "load_config": "posttrain.config.loader",
     "ConfigError": "posttrain.config.loader",
     "DataError": "posttrain.data.sources",

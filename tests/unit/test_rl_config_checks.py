@@ -8,8 +8,9 @@ import warnings
 import pytest
 
 from posttrain.config import ALGORITHM_CONFIGS, ConfigError, load_config
-from posttrain.config.rl import RLLoopConfig
-from posttrain.config.schema import ConfigWarning, DistillConfig, GRPOConfig, PPOConfig, RLConfig
+from posttrain.config.common import ConfigWarning
+from posttrain.config.ppo import PPOConfig
+from posttrain.config.rl import DistillConfig, GRPOConfig, RLConfig, RLLoopConfig
 
 RL_CONFIGS = {"grpo": GRPOConfig, "ppo": PPOConfig, "distill": DistillConfig}
 RL_IDS = list(RL_CONFIGS)
