@@ -266,10 +266,6 @@ def generated_problems(size: int, seed: int, kwargs: dict) -> DatasetConfig:
     return DatasetConfig(reasoning_gym=ReasoningGymConfig(size=size, seed=seed, kwargs=kwargs))
 
 
-def _default_grpo_train() -> DatasetConfig:
-    return generated_problems(5000, 11, _GRPO_ARITH_KWARGS)
-
-
 def _default_grpo_validation() -> DatasetConfig:
     return generated_problems(64, 99_999, _GRPO_ARITH_KWARGS)
 

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from posttrain.config.common import (
+    _GRPO_ARITH_KWARGS,
     VALIDATION_HELP,
     CheckpointConfig,
     ClusterConfig,
@@ -20,16 +21,16 @@ from posttrain.config.common import (
     PromptsConfig,
     SchedulerConfig,
     Strict,
-    _default_grpo_train,
     _default_grpo_validation,
     config_warning,
+    generated_problems,
 )
 from posttrain.config.loss import AdvantageConfig, DAPOConfig, LossConfig
 from posttrain.config.rollout import EnvironmentConfig, GenerationConfig, check_episode_budget
 
 
 class GRPODataConfig(PromptsConfig):
-    train: DatasetConfig = Field(default_factory=_default_grpo_train)
+    train: DatasetConfig = Field(default_factory=lambda: generated_problems(5000, 11, _GRPO_ARITH_KWARGS))
     validation: DatasetConfig | None = Field(
         default_factory=_default_grpo_validation, description=VALIDATION_HELP
     )
