@@ -280,7 +280,8 @@ def test_sft_with_lora_learns_and_exports_merged_and_as_adapter(
 
     from posttrain.checkpoint.export import export_checkpoint
     from posttrain.cli import main
-    from posttrain.config import SFTConfig, load_config
+    from posttrain.config import load_config
+    from posttrain.config.supervised import SFTConfig
     from posttrain.errors import UserError
     from posttrain.trainers.sft import run_sft
 

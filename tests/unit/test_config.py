@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from posttrain.cli import main
-from posttrain.config import ALGORITHM_CONFIGS, ConfigError, SFTConfig, load_config
+from posttrain.config import ALGORITHM_CONFIGS, ConfigError, load_config
+from posttrain.config.supervised import SFTConfig
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "configs").glob("*.yaml"))
 
