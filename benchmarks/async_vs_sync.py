@@ -74,7 +74,7 @@ def arm_overrides(arm: str, cores: int, gen_cpus: int) -> dict[str, object]:
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
     from posttrain.trainers.grpo import GRPOTrainer
 
     cores = os.cpu_count() or 1

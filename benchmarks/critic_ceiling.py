@@ -35,7 +35,7 @@ import torch
 
 from posttrain.algorithms.value_loss import explained_variance, monte_carlo_explained_variance
 from posttrain.config import load_config
-from posttrain.config.schema import PPOConfig
+from posttrain.config.ppo import PPOConfig
 from posttrain.data.batching import collate
 from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.interface import make_environment

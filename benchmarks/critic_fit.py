@@ -30,7 +30,7 @@ import torch
 from critic_ceiling import parse_checkpoint_args, sample_episodes
 
 from posttrain.algorithms.value_loss import explained_variance, last_token_mask
-from posttrain.config.schema import PPOConfig
+from posttrain.config.ppo import PPOConfig
 from posttrain.data.batching import collate
 from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.interface import make_environment

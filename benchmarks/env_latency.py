@@ -146,7 +146,7 @@ def grpo_overrides(arm: str, latency_ms: float, args: argparse.Namespace, run_di
 def grpo_rate(arm: str, latency_ms: float, args: argparse.Namespace, run_dir: Path) -> float:
     """Steps per hour of one GRPO arm at `latency_ms`, its first step left out."""
     from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
     from posttrain.trainers.grpo import GRPOTrainer
 
     cfg = load_config(GRPOConfig, str(RECIPE), grpo_overrides(arm, latency_ms, args, run_dir))

@@ -160,7 +160,7 @@ class PosttrainSide:
 
     def __init__(self, args: argparse.Namespace, model_path: str, run_dir: str) -> None:
         from posttrain.config import load_config
-        from posttrain.config.schema import GRPOConfig
+        from posttrain.config.rl import GRPOConfig
         from posttrain.trainers.grpo import GRPOTrainer
 
         self.cfg = load_config(GRPOConfig, None, posttrain_overrides(args, model_path, run_dir))

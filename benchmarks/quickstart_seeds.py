@@ -219,7 +219,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
 
     cfg = load_config(GRPOConfig, args.config, [*args.set, "grpo.seed=0"])
     max_steps = cfg.grpo.max_steps

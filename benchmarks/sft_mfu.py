@@ -140,7 +140,7 @@ def parse_overrides(text: str) -> dict[str, object]:
 def posttrain_arm(
     model_path: str, input_ids: torch.Tensor, micro: int, overrides: dict[str, object]
 ) -> Callable[[], None]:
-    from posttrain.config.schema import PolicyConfig
+    from posttrain.config.common import PolicyConfig
     from posttrain.data.batching import TokenBatch
     from posttrain.models.policy import Policy
     from posttrain.trainers.sft import sft_loss

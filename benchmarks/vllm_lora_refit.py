@@ -37,7 +37,8 @@ def run_arm(args: argparse.Namespace) -> dict[str, float]:
     """In the child: build the policy and its engine, time refits and one generate call."""
     import torch
 
-    from posttrain.config.schema import GenerationConfig, LoraConfig, PolicyConfig, VLLMConfig
+    from posttrain.config.common import LoraConfig, PolicyConfig
+    from posttrain.config.rollout import GenerationConfig, VLLMConfig
     from posttrain.distributed.actor import ActorPolicy
     from posttrain.generation.sampling import SamplingParams
     from posttrain.models.lora import adapted_layers

@@ -79,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
     from posttrain.data.math import build_math_problems
     from posttrain.generation.sampler import sample
     from posttrain.generation.sampling import SamplingParams
@@ -142,7 +142,7 @@ def main() -> None:
         results[name] = n_tokens / statistics.median(times)
         print(f"{name:14s} {results[name]:8.1f} tok/s   rounds: {' '.join(f'{t:.2f}s' for t in times)}")
 
-    from posttrain.config.schema import VLLMConfig
+    from posttrain.config.rollout import VLLMConfig
 
     start = time.perf_counter()
     engine = VLLMGenerator(
@@ -210,7 +210,7 @@ def main() -> None:
 
     measure("split_store", object_store)
 
-    from posttrain.config.schema import PolicyConfig
+    from posttrain.config.common import PolicyConfig
     from posttrain.distributed.actor import ActorPolicy
     from posttrain.weights.refit import RefitGroup, receive_buckets
 

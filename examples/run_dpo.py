@@ -3,7 +3,7 @@
 import argparse
 
 from posttrain.config import load_config
-from posttrain.config.schema import DPOConfig
+from posttrain.config.supervised import DPOConfig
 from posttrain.trainers.dpo import run_dpo
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import argparse
 
 from posttrain.config import load_config
-from posttrain.config.schema import EvalConfig
+from posttrain.config.eval import EvalConfig
 from posttrain.trainers.eval import run_eval
 
 if __name__ == "__main__":

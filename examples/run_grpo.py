@@ -3,7 +3,7 @@
 import argparse
 
 from posttrain.config import load_config
-from posttrain.config.schema import GRPOConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.trainers.grpo import run_grpo
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import argparse
 
 from posttrain.config import load_config
-from posttrain.config.schema import RMConfig
+from posttrain.config.supervised import RMConfig
 from posttrain.trainers.rm import run_rm
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 import argparse
 
-from posttrain.config import SFTConfig, load_config
+from posttrain.config import load_config
+from posttrain.config.supervised import SFTConfig
 from posttrain.trainers.sft import run_sft
 
 if __name__ == "__main__":

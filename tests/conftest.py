@@ -153,7 +153,7 @@ def sft_overrides(model_dir: Path, data: Path, run_dir: Path, **extra) -> list[s
 def grpo_test_config(model_dir: Path, run_dir: Path, **extra):
     """A 2-step GRPO config on a tiny model (2 prompts x 4 generations, 12 new tokens, local backend)."""
     from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
 
     overrides = {
         "policy.model_name": str(model_dir),

@@ -6,7 +6,7 @@ and `load_config` build their configs. Everything else is imported on first use,
 loads `posttrain.config` (pydantic) but neither torch nor transformers nor ray.
 
 This root also installs what config validation looks up in the floors above config (environment
-names and kwargs, tool-call parsers; `posttrain.config.lookups`), imported when first used.
+names and kwargs, tool-call parsers; `posttrain.config.rollout.Lookups`), imported when first used.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from posttrain.config.lookups import Lookups, install_lookups
+from posttrain.config.rollout import Lookups, install_lookups
 
 __version__ = "0.1.0"
 
@@ -47,18 +47,10 @@ _EXPORTS = {
         name: "posttrain.api"
         for name in ("sft", "dpo", "rm", "grpo", "ppo", "distill", "evaluate", "make_config")
     },
-    **{
-        name: "posttrain.config.schema"
-        for name in (
-            "SFTConfig",
-            "DPOConfig",
-            "RMConfig",
-            "GRPOConfig",
-            "PPOConfig",
-            "DistillConfig",
-            "EvalConfig",
-        )
-    },
+    **{name: "posttrain.config.supervised" for name in ("SFTConfig", "DPOConfig", "RMConfig")},
+    **{name: "posttrain.config.rl" for name in ("GRPOConfig", "DistillConfig")},
+    "PPOConfig": "posttrain.config.ppo",
+    "EvalConfig": "posttrain.config.eval",
     "load_config": "posttrain.config.loader",
     "ConfigError": "posttrain.config.loader",
     "DataError": "posttrain.data.sources",

@@ -402,7 +402,7 @@ def run_checks(config: BaseModel | None, *, algorithm: str = "grpo") -> list[Che
 def smoke_check() -> Check:
     """One GRPO step on a tiny random Llama (local backend, temp dir); the tokenizer of the pulled alias."""
     from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
     from posttrain.models import hub
 
     alias = "smollm2-135m-instruct"

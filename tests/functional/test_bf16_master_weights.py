@@ -13,14 +13,8 @@ from conftest import write_sft_jsonl
 
 from posttrain.checkpoint import Checkpointer
 from posttrain.checkpoint.export import export_checkpoint
-from posttrain.config.schema import (
-    DatasetConfig,
-    GenerationConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    SchedulerConfig,
-    VLLMConfig,
-)
+from posttrain.config.common import DatasetConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.rollout import GenerationConfig, VLLMConfig
 from posttrain.data.batching import collate
 from posttrain.data.sft import build_sft_dataset
 from posttrain.models.policy import Policy

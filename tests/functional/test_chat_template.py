@@ -99,7 +99,7 @@ def test_grpo_workers_render_prompts_with_the_given_template(base_model_dir, tmp
 
 
 def test_eval_takes_the_key_too(base_model_dir, tmp_path, capsys):
-    from posttrain.config.schema import DatasetConfig
+    from posttrain.config.common import DatasetConfig
     from posttrain.data.sft import build_sft_dataset
 
     data = write_sft_jsonl(tmp_path / "val.jsonl", n=4)

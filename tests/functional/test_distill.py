@@ -12,7 +12,8 @@ import torch
 from conftest import make_tiny_model_dir
 
 from posttrain.config import load_config
-from posttrain.config.schema import DistillConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.rl import DistillConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.student import DistillBatch, StudentActor

@@ -7,7 +7,7 @@ import pytest
 
 from posttrain.cli import main
 from posttrain.config import load_config
-from posttrain.config.schema import EvalConfig
+from posttrain.config.eval import EvalConfig
 from posttrain.trainers.eval import run_eval, vote_key
 
 
@@ -48,7 +48,7 @@ def _check_files_agree(out, n, ks):
 def test_eval_a_checkpoint_through_the_cli(tiny_model_dir, tmp_path, capsys):
     from conftest import sft_overrides, write_sft_jsonl
 
-    from posttrain.config.schema import SFTConfig
+    from posttrain.config.supervised import SFTConfig
     from posttrain.trainers.sft import run_sft
 
     sft_data = write_sft_jsonl(tmp_path / "sft.jsonl", n=16)

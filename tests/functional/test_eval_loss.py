@@ -10,7 +10,7 @@ import torch
 from conftest import write_sft_jsonl
 
 from posttrain.cli import main
-from posttrain.config.schema import DatasetConfig
+from posttrain.config.common import DatasetConfig
 from posttrain.data.sft import build_sft_dataset
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import main
-from posttrain.config.schema import DatasetConfig, PreferenceDatasetConfig
+from posttrain.config.common import DatasetConfig
+from posttrain.config.supervised import PreferenceDatasetConfig
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 COMMON = ["cluster.backend=local", "logging.tensorboard=false", "logging.plots=false"]

@@ -10,7 +10,8 @@ from posttrain.checkpoint import Checkpointer
 from posttrain.checkpoint.export import export_checkpoint, resolve_model_source
 from posttrain.cli import main
 from posttrain.config import load_config
-from posttrain.config.schema import OptimizerConfig, PolicyConfig, SchedulerConfig, SFTConfig
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.supervised import SFTConfig
 from posttrain.data.batching import collate
 from posttrain.data.tokenize import tokenize_conversation
 from posttrain.models.policy import Policy

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfig, RefitCheckConfig
+from posttrain.config.common import ClusterConfig, PolicyConfig
+from posttrain.config.rollout import GenerationConfig, RefitCheckConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.refit_check import check_refit
 from posttrain.generation.sampling import SamplingParams

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from posttrain.algorithms.rl_loss import grpo_loss, positive_tokens
-from posttrain.config.schema import GRPOConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.generation.sampling import SamplingParams

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posttrain.algorithms.rl_loss import grpo_loss
-from posttrain.config.schema import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.generation.sampling import SamplingParams

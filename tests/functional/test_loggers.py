@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from posttrain.config.schema import LoggingConfig, SFTConfig
+from posttrain.config.common import LoggingConfig
+from posttrain.config.supervised import SFTConfig
 from posttrain.logging.loggers import MetricsLogger, flatten, mlflow_key
 from posttrain.logging.plots import plot_run
 

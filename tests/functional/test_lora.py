@@ -12,15 +12,8 @@ import torch
 
 pytest.importorskip("peft")
 
-from posttrain.config.schema import (  # noqa: E402
-    ClusterConfig,
-    GenerationConfig,
-    LoraConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    RefitCheckConfig,
-    SchedulerConfig,
-)
+from posttrain.config.common import ClusterConfig, LoraConfig, OptimizerConfig, PolicyConfig, SchedulerConfig  # noqa: E402
+from posttrain.config.rollout import GenerationConfig, RefitCheckConfig  # noqa: E402
 from posttrain.data.batching import TokenBatch  # noqa: E402
 from posttrain.distributed.actor import ActorPolicy  # noqa: E402
 from posttrain.models.policy import Policy  # noqa: E402
@@ -287,7 +280,8 @@ def test_sft_with_lora_learns_and_exports_merged_and_as_adapter(
 
     from posttrain.checkpoint.export import export_checkpoint
     from posttrain.cli import main
-    from posttrain.config import SFTConfig, load_config
+    from posttrain.config import load_config
+    from posttrain.config.supervised import SFTConfig
     from posttrain.errors import UserError
     from posttrain.trainers.sft import run_sft
 
@@ -346,7 +340,7 @@ def test_grpo_with_lora_colocated_with_kl_and_split_with_refit_gate(tiny_model_d
 
 def test_lora_refuses_shared_memory_refits():
     from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
 
     with pytest.raises(ValueError, match="LoRA"):
         load_config(
@@ -370,7 +364,7 @@ def test_dpo_and_rm_with_lora(tiny_model_dir, preference_data, tokenizer, tmp_pa
 
     from posttrain.checkpoint.export import export_checkpoint
     from posttrain.config import load_config
-    from posttrain.config.schema import DPOConfig, RMConfig
+    from posttrain.config.supervised import DPOConfig, RMConfig
     from posttrain.errors import UserError
     from posttrain.models.reward_model import load_reward_model
     from posttrain.trainers.dpo import run_dpo
@@ -406,7 +400,7 @@ def test_dpo_and_rm_with_lora(tiny_model_dir, preference_data, tokenizer, tmp_pa
 
 def test_distill_with_lora(tiny_model_dir, tmp_path):
     from posttrain.config import load_config
-    from posttrain.config.schema import DistillConfig
+    from posttrain.config.rl import DistillConfig
     from posttrain.trainers.distill import run_distill
 
     overrides = {

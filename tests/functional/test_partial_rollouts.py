@@ -3,7 +3,7 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.config.schema import PolicyConfig
+from posttrain.config.common import PolicyConfig
 from posttrain.generation.sampler import WeightUpdates, sample
 from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.worker import GenerationWorker

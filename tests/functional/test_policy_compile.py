@@ -2,7 +2,7 @@
 
 import torch
 
-from posttrain.config.schema import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.models.policy import Policy
 from posttrain.trainers.sft import sft_loss

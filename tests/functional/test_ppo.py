@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from posttrain.config.schema import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.models.critic import Critic
 from posttrain.rollout.rollout import build_rl_batch
@@ -19,7 +19,7 @@ from posttrain.trainers.ppo import PPOBatch, value_loss_fn
 def ppo_test_config(model_dir, run_dir, **extra):
     """A 2-step PPO config on a tiny model: 4 prompts x 1 sample, 12 new tokens, local backend."""
     from posttrain.config import load_config
-    from posttrain.config.schema import PPOConfig
+    from posttrain.config.ppo import PPOConfig
 
     overrides = {
         "policy.model_name": str(model_dir),

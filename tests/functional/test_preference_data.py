@@ -5,7 +5,7 @@ import json
 import pytest
 from preference_helpers import write_preference_jsonl
 
-from posttrain.config.schema import GeneratedPairsConfig, PreferenceDatasetConfig
+from posttrain.config.supervised import GeneratedPairsConfig, PreferenceDatasetConfig
 from posttrain.data.preference import (
     build_preference_dataset,
     collate_pairs,

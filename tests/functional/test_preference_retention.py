@@ -6,7 +6,7 @@ import pytest
 from preference_helpers import preference_overrides, write_preference_jsonl
 
 from posttrain.config import load_config
-from posttrain.config.schema import DPOConfig, RMConfig
+from posttrain.config.supervised import DPOConfig, RMConfig
 from posttrain.trainers.dpo import run_dpo
 from posttrain.trainers.rm import run_rm
 

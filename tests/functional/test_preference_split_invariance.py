@@ -7,13 +7,8 @@ import torch
 from preference_helpers import write_preference_jsonl
 
 from posttrain.algorithms.preference import sequence_logprobs
-from posttrain.config.schema import (
-    ClusterConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    PreferenceDatasetConfig,
-    SchedulerConfig,
-)
+from posttrain.config.common import ClusterConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.supervised import PreferenceDatasetConfig
 from posttrain.data.preference import build_preference_dataset, collate_pairs
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.actor_group import ActorGroup

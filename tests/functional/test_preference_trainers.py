@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from posttrain.cli import main
 from posttrain.config import load_config
-from posttrain.config.schema import DPOConfig, RMConfig
+from posttrain.config.supervised import DPOConfig, RMConfig
 from posttrain.trainers.dpo import run_dpo
 from posttrain.trainers.rm import run_rm
 
@@ -71,7 +71,7 @@ def test_rm_learns_and_the_result_loads_with_transformers(tiny_model_dir, data, 
     tok = AutoTokenizer.from_pretrained(folder)
     assert model.config.num_labels == 1 and model.config.pad_token_id == tok.pad_token_id
     # transformers' own forward on a padded batch gives the scores the trainer trained
-    from posttrain.config.schema import PreferenceDatasetConfig
+    from posttrain.config.supervised import PreferenceDatasetConfig
     from posttrain.data.preference import build_preference_dataset, collate_pairs
     from posttrain.models.reward_model import batched_scores
 

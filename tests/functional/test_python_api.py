@@ -14,7 +14,8 @@ from conftest import write_sft_jsonl
 
 import posttrain
 from posttrain.config import ConfigError, load_config
-from posttrain.config.schema import GRPOConfig, SFTConfig
+from posttrain.config.rl import GRPOConfig
+from posttrain.config.supervised import SFTConfig
 from posttrain.data.sources import DataError
 
 ROOT = Path(__file__).resolve().parents[2]

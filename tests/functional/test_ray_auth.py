@@ -11,7 +11,7 @@ import pytest
 
 START = """
 import ray
-from posttrain.config.schema import ClusterConfig
+from posttrain.config.common import ClusterConfig
 from posttrain.distributed.workers import init_ray
 from ray._raylet import AuthenticationMode, get_authentication_mode
 

@@ -5,14 +5,8 @@ the group is reused at the next refit, and the parity gate still catches a skipp
 import pytest
 import torch
 
-from posttrain.config.schema import (
-    ClusterConfig,
-    GenerationConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    RefitCheckConfig,
-    SchedulerConfig,
-)
+from posttrain.config.common import ClusterConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.rollout import GenerationConfig, RefitCheckConfig
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import RefitError, check_refit
 from posttrain.generation.sampling import SamplingParams

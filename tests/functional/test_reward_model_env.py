@@ -7,7 +7,8 @@ import torch
 from preference_helpers import preference_overrides, write_preference_jsonl
 
 from posttrain.config import load_config
-from posttrain.config.schema import GRPOConfig, RMConfig
+from posttrain.config.rl import GRPOConfig
+from posttrain.config.supervised import RMConfig
 from posttrain.environments import EnvironmentGroup, make_environment
 from posttrain.environments.reward_model import RewardModelEnvironment
 from posttrain.trainers.grpo import run_grpo

@@ -10,7 +10,7 @@ from conftest import grpo_test_config, sft_overrides, write_sft_jsonl
 from functional.preference_helpers import preference_overrides, write_preference_jsonl
 
 from posttrain.config import load_config
-from posttrain.config.schema import DPOConfig, SFTConfig
+from posttrain.config.supervised import DPOConfig, SFTConfig
 
 
 def summary_of(stdout: str) -> list[str]:

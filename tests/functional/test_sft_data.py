@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from posttrain.config.schema import DatasetConfig
+from posttrain.config.common import DatasetConfig
 from posttrain.data.sft import build_sft_dataset
 from posttrain.data.sources import DataError
 from posttrain.data.tokenize import tokenize_conversation
@@ -102,7 +102,7 @@ def test_parquet_and_hf_datasets_paths(tmp_path, tokenizer):
 
 
 def test_reasoning_gym_data_teaches_the_boxed_format(tokenizer):
-    from posttrain.config.schema import SFTConfig
+    from posttrain.config.supervised import SFTConfig
 
     cfg = SFTConfig().data.train.model_copy(
         update={"reasoning_gym": SFTConfig().data.train.reasoning_gym.model_copy(update={"size": 4})}

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import write_sft_jsonl
 
-from posttrain.config.schema import (
+from posttrain.config.common import (
     ClusterConfig,
     DatasetConfig,
     OptimizerConfig,

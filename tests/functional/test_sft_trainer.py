@@ -7,7 +7,8 @@ import torch
 from conftest import make_tiny_model_dir, sft_overrides, write_sft_jsonl
 from safetensors.torch import load_file
 
-from posttrain.config import ConfigError, SFTConfig, load_config
+from posttrain.config import ConfigError, load_config
+from posttrain.config.supervised import SFTConfig
 from posttrain.distributed.workers import WorkerError
 from posttrain.modeling.loading import CheckpointMismatchError
 from posttrain.trainers.sft import run_sft

@@ -13,7 +13,7 @@ import functools
 import torch
 
 from posttrain.algorithms.rl_loss import grpo_loss
-from posttrain.config.schema import (
+from posttrain.config.common import (
     DatasetConfig,
     OptimizerConfig,
     PolicyConfig,

@@ -4,7 +4,8 @@ import json
 
 from conftest import sft_overrides, write_sft_jsonl
 
-from posttrain.config import SFTConfig, load_config
+from posttrain.config import load_config
+from posttrain.config.supervised import SFTConfig
 from posttrain.trainers.sft import run_sft
 
 

@@ -6,7 +6,7 @@ import socket
 import pytest
 import torch
 
-from posttrain.config.schema import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
 
 pytestmark = pytest.mark.gpu
 

@@ -4,13 +4,8 @@ with GPUs on Ray). Needs 2 GPUs (NCCL puts each rank on its own GPU); skipped ot
 import pytest
 import torch
 
-from posttrain.config.schema import (
-    ClusterConfig,
-    GenerationConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    SchedulerConfig,
-)
+from posttrain.config.common import ClusterConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.rollout import GenerationConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.ray]
 

@@ -4,13 +4,8 @@ Skipped without CUDA or without vLLM."""
 import pytest
 import torch
 
-from posttrain.config.schema import (
-    GenerationConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    SchedulerConfig,
-    VLLMConfig,
-)
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.rollout import GenerationConfig, VLLMConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 

@@ -21,7 +21,8 @@ from posttrain.algorithms.estimators import (
     estimate_advantages,
     register_advantage_estimator,
 )
-from posttrain.config.schema import AdvantageConfig, GAEConfig
+from posttrain.config.loss import AdvantageConfig
+from posttrain.config.ppo import GAEConfig
 
 F64 = torch.float64
 EPS = 1e-6

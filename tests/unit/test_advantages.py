@@ -23,7 +23,7 @@ from posttrain.algorithms.estimators import (
     advantage_estimator,
     estimate_advantages,
 )
-from posttrain.config.schema import AdvantageConfig
+from posttrain.config.loss import AdvantageConfig
 
 
 def _close(actual: torch.Tensor, expected: list[float], tol: float = 1e-5) -> None:

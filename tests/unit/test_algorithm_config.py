@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import ConfigError, load_config
-from posttrain.config.schema import ConfigWarning, GRPOConfig
+from posttrain.config.common import ConfigWarning
+from posttrain.config.rl import GRPOConfig
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "configs"
 

@@ -53,7 +53,7 @@ def test_age_metrics():
 
 
 def _grpo(**sections):
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
 
     base = {"grpo": {"async_mode": True}, "generation": {"placement": "split"}, "cluster": {"backend": "ray"}}
     for key, value in sections.items():
@@ -75,7 +75,7 @@ def test_async_config_rules():
         _grpo(dapo={"dynamic_sampling": True})
     with pytest.raises(ValueError, match="async_buffer_groups"):
         _grpo(grpo={"async_buffer_groups": 2})
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
 
     assert GRPOConfig().loss.importance_correction is None  # synchronous default unchanged
 

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import REFERENCE, _shown, build_parser, key_default
-from posttrain.config.commands import MAIN_KEYS
+from posttrain.config.commands import ALGORITHM_CONFIGS, COMMANDS
 from posttrain.config.loader import load_config
-from posttrain.config.schema import ALGORITHM_CONFIGS
 from posttrain.trainers.common import flat_items
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["sft", "grpo", "dpo", "rm", "ppo", "distill", "eval"]
+NAMES = ["sft", "grpo", "dpo", "rm", "ppo", "distill", "eval"]
 
 
 def help_text(command: str, capsys) -> str:
@@ -25,17 +24,19 @@ def help_text(command: str, capsys) -> str:
 
 
 def test_every_trainer_command_lists_main_keys():
-    assert sorted(MAIN_KEYS) == sorted(COMMANDS) == sorted(ALGORITHM_CONFIGS)
-    assert all(8 <= len(keys) <= 16 and len(set(keys)) == len(keys) for keys in MAIN_KEYS.values())
+    assert sorted(COMMANDS) == sorted(NAMES) == sorted(ALGORITHM_CONFIGS)
+    assert all(
+        8 <= len(c.main_keys) <= 16 and len(set(c.main_keys)) == len(c.main_keys) for c in COMMANDS.values()
+    )
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", NAMES)
 def test_help_lists_each_key_with_the_default_a_run_gets(command, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     text = help_text(command, capsys)
     # the defaults of a run with no --config and no overrides, read independently of the help code
     defaults = flat_items(load_config(ALGORITHM_CONFIGS[command], None, []).model_dump(mode="json"))
-    for key in MAIN_KEYS[command]:
+    for key in COMMANDS[command].main_keys:
         assert key in defaults, f"{command}: {key} is not a key of the config (renamed?)"
         assert f"  {key}={_shown(defaults[key])}" in text, key
     assert f"every key, its type, default and description: {REFERENCE}" in text
@@ -55,6 +56,6 @@ def test_key_lines_fit_a_narrow_terminal(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "60")
     lines = help_text("grpo", capsys).splitlines()
     start = lines.index("main settings (key=default; set any on the command line as key=value):")
-    rows = lines[start + 1 : start + 1 + len(MAIN_KEYS["grpo"])]
+    rows = lines[start + 1 : start + 1 + len(COMMANDS["grpo"].main_keys)]
     assert all(row.startswith("  ") and len(row) <= 60 for row in rows)
     assert rows[0].startswith("  policy.model_name=smollm2-135m-instruct")

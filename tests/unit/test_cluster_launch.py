@@ -45,7 +45,7 @@ def test_rayjob_has_the_kuberay_fields() -> None:
     assert f"cluster.gpus_per_node={gpus}" in words
     # both commands validate, and train one data-parallel worker per GPU of the worker group
     from posttrain.config import load_config
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
 
     commands = " ".join(words).split(" && ")
     assert len(commands) == 2 and commands[0].startswith("posttrain doctor")

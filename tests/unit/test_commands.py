@@ -11,7 +11,6 @@ import pytest
 from posttrain import api
 from posttrain.cli import build_parser
 from posttrain.config import ALGORITHM_CONFIGS, COMMANDS, Command
-from posttrain.config.commands import MAIN_KEYS
 from posttrain.doctor import load_doctor_config
 
 NAMES = ["sft", "grpo", "eval", "dpo", "rm", "distill", "ppo"]
@@ -28,7 +27,6 @@ def test_the_table_and_its_views_are_read_only():
     with pytest.raises(TypeError):
         ALGORITHM_CONFIGS["sft"] = COMMANDS["grpo"].config  # type: ignore[index]
     assert dict(ALGORITHM_CONFIGS) == {name: c.config for name, c in COMMANDS.items()}
-    assert dict(MAIN_KEYS) == {name: c.main_keys for name, c in COMMANDS.items()}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from posttrain.cli import main
-from posttrain.config import ALGORITHM_CONFIGS, ConfigError, SFTConfig, load_config
+from posttrain.config import ALGORITHM_CONFIGS, ConfigError, load_config
+from posttrain.config.supervised import SFTConfig
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "configs").glob("*.yaml"))
 
@@ -71,7 +72,7 @@ def test_cli_print_config_and_config_errors(capsys):
 
 def test_quickstart_recipes_spell_out_the_defaults():
     """`posttrain grpo` with no arguments runs exactly examples/configs/grpo_math.yaml (and sft likewise)."""
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
 
     root = Path(__file__).parents[2] / "examples" / "configs"
     for name, model in (("grpo_math.yaml", GRPOConfig), ("sft.yaml", SFTConfig)):
@@ -82,7 +83,7 @@ def test_quickstart_recipes_spell_out_the_defaults():
 
 
 def test_vllm_cpu_binding_gives_each_rank_its_own_cores(monkeypatch):
-    from posttrain.config.schema import VLLMConfig
+    from posttrain.config.rollout import VLLMConfig
     from posttrain.generation.vllm_engine import cpu_environment
 
     monkeypatch.setattr("os.cpu_count", lambda: 8)
@@ -96,7 +97,7 @@ def test_vllm_cpu_binding_gives_each_rank_its_own_cores(monkeypatch):
 def test_compiled_vllm_on_cpu_without_a_cpp_compiler_is_refused_clearly(monkeypatch, tmp_path):
     import torch
 
-    from posttrain.config.schema import VLLMConfig
+    from posttrain.config.rollout import VLLMConfig
     from posttrain.generation.vllm_engine import VLLMGenerator
 
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no compiler on it
@@ -114,7 +115,9 @@ def test_compiled_vllm_on_cpu_without_a_cpp_compiler_is_refused_clearly(monkeypa
 
 
 def test_refit_transport_auto_and_impossible_choices():
-    from posttrain.config.schema import ClusterConfig, GenerationConfig, GRPOConfig
+    from posttrain.config.common import ClusterConfig
+    from posttrain.config.rl import GRPOConfig
+    from posttrain.config.rollout import GenerationConfig
 
     auto = GenerationConfig(placement="split")
     picks = {
@@ -168,7 +171,7 @@ def test_grpo_minibatches_must_split_over_the_policy_workers():
     """Accepted configs are exactly those whose minibatches shard evenly (the trainer's own split);
     on the old code 8 x 4 rollouts, updates_per_batch=3 and 2 workers were accepted and the first
     update failed in `TokenBatch.shards`."""
-    from posttrain.config.schema import GRPOConfig
+    from posttrain.config.rl import GRPOConfig
     from posttrain.data.batching import TokenBatch
 
     def cfg(prompts: int, generations: int, updates: int, workers: int) -> GRPOConfig:

@@ -1,5 +1,5 @@
 """Config validation looks environment names, their turn limits and tool-call parsers up through
-`posttrain.config.lookups`, which the package root installs (issue #31: no import from config up to
+`posttrain.config.rollout.Lookups`, which the package root installs (issue #31: no import from config up to
 environments or the endpoint); the errors are the ones the environments and parsers give."""
 
 from __future__ import annotations
@@ -9,8 +9,13 @@ import sys
 
 import pytest
 
-from posttrain.config.lookups import Lookups, install_lookups, installed_lookups
-from posttrain.config.rollout import AgentConfig, EnvironmentConfig
+from posttrain.config.rollout import (
+    AgentConfig,
+    EnvironmentConfig,
+    Lookups,
+    install_lookups,
+    installed_lookups,
+)
 
 
 def test_the_package_root_installs_the_lookups():
@@ -61,7 +66,7 @@ def test_validation_calls_the_installed_lookups():
 def test_importing_config_loads_neither_environments_nor_the_endpoint():
     code = (
         "import sys\n"
-        "import posttrain.config.schema, posttrain.config.commands\n"
+        "import posttrain.config, posttrain.config.commands\n"
         "from posttrain.config.rollout import EnvironmentConfig\n"
         "EnvironmentConfig()\n"
         "assert not [m for m in sys.modules if m.startswith(('posttrain.environments', 'posttrain.endpoint'))]\n"

@@ -45,7 +45,8 @@ def test_rows_carry_key_type_default_and_description() -> None:
 
 
 def test_shared_sections_are_written_once_and_linked() -> None:
-    from posttrain.config.schema import GenerationConfig, PolicyConfig, VLLMConfig
+    from posttrain.config.common import PolicyConfig
+    from posttrain.config.rollout import GenerationConfig, VLLMConfig
 
     text = _generator().render()
     for cls in (PolicyConfig, GenerationConfig, VLLMConfig):
@@ -60,7 +61,7 @@ def test_shared_sections_are_written_once_and_linked() -> None:
 def test_every_key_of_every_command_is_documented() -> None:
     """Each dotted key is a row of its command's table, or lies in a linked shared section that has it."""
 
-    from posttrain.config.schema import ALGORITHM_CONFIGS
+    from posttrain.config.commands import ALGORITHM_CONFIGS
 
     gen = _generator()
     text = gen.render()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import ConfigError, load_config
-from posttrain.config.schema import DistillConfig
+from posttrain.config.rl import DistillConfig
 
 RECIPE = Path(__file__).parents[2] / "examples" / "configs" / "distill.yaml"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import load_config
-from posttrain.config.schema import GRPOConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.doctor import (
     GIB,
     _shm_needed,

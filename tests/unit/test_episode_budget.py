@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.config.schema import episode_token_budget
+from posttrain.config.rollout import episode_token_budget
 from posttrain.data.trajectory import EpisodeLimits, Trajectory
 from posttrain.generation.sampling import SamplingParams
 from posttrain.rollout.continuous import turn_budget

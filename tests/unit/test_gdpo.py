@@ -17,7 +17,8 @@ from posttrain.algorithms.estimators import (
     gdpo_weights,
     on_trainable_rows,
 )
-from posttrain.config.schema import AdvantageConfig, GRPOConfig
+from posttrain.config.loss import AdvantageConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.environments.interface import EnvStepResult
 from posttrain.rollout.rollout import Rollouts

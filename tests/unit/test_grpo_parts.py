@@ -8,7 +8,8 @@ import torch
 
 from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
 from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs
-from posttrain.config.schema import AdvantageConfig, GRPOConfig, LossConfig
+from posttrain.config.loss import AdvantageConfig, LossConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.rollout.rollout import RLBatch, Rollouts
 from posttrain.trainers.grpo import GRPOTrainer

@@ -64,7 +64,7 @@ def package_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("modeling/loading.py", "import posttrain.models.policy", "floors"),
         ("environments/math.py", "import posttrain.rollout.rollout", "floors"),
         ("algorithms/metrics.py", "import transformers", "algorithms: pure math"),
-        ("algorithms/metrics.py", "import posttrain.config.schema", "algorithms: pure math"),
+        ("algorithms/metrics.py", "import posttrain.config.common", "algorithms: pure math"),
         ("modeling/attention.py", "import posttrain.modeling.loading", "no import circles"),
     ],
 )

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from posttrain.config.schema import EnvironmentConfig
+from posttrain.config.rollout import EnvironmentConfig
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.environments.latency import LatencyEnvironment, latency_quantile, uniform_of
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("peft")
 
-from posttrain.config.schema import LoraConfig  # noqa: E402
+from posttrain.config.common import LoraConfig  # noqa: E402
 from posttrain.models.lora import (  # noqa: E402
     adapted_layers,
     adapter_fingerprint,

@@ -14,7 +14,7 @@ from posttrain.algorithms.metrics import (
     sequence_mult_prob_error,
 )
 from posttrain.algorithms.policy_loss import clipped_pg_loss
-from posttrain.config.schema import LossConfig
+from posttrain.config.loss import LossConfig
 
 LN2 = math.log(2)
 
@@ -267,7 +267,7 @@ def test_value_loss_scale():
 def test_raw_reward_advantages():
     # NeMo RL's case: rewards [2, -1] on every valid token (0 on padding here, which the loss masks)
     from posttrain.algorithms.advantages import raw_reward_advantages
-    from posttrain.config.schema import GAEConfig
+    from posttrain.config.ppo import GAEConfig
 
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
     out = raw_reward_advantages(torch.tensor([2.0, -1.0], dtype=torch.float64), mask)
@@ -283,7 +283,7 @@ def test_reinforce_pp_minus_baseline():
     #   minus_baseline: a = r - group mean = [½, -½, 0, 0]; Bessel std over 4 = sqrt(½ / 3)
     #   default (batch mean ¾): a = [¼, -¾, ¼, ¼]; std = sqrt(¾ / 3) = ½
     from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
-    from posttrain.config.schema import AdvantageConfig
+    from posttrain.config.loss import AdvantageConfig
 
     r = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
     g = torch.tensor([0, 0, 1, 1])
@@ -302,7 +302,7 @@ def test_reinforce_pp_default_is_nemo_rl_per_prompt_baseline():
     # NeMo RL's adv_estimator.minus_baseline defaults to true: the default config gives the grouped
     # advantages of test_reinforce_pp_minus_baseline, [½, -½, 0, 0] / (sqrt(½ / 3) + 1e-6).
     from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
-    from posttrain.config.schema import AdvantageConfig
+    from posttrain.config.loss import AdvantageConfig
 
     assert AdvantageConfig().minus_baseline is True
     r = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
@@ -320,7 +320,8 @@ def test_a_default_config_dumped_and_loaded_again_warns_nothing(command):
     # would warn on every such round trip.
     import warnings
 
-    from posttrain.config.schema import ALGORITHM_CONFIGS, ConfigWarning
+    from posttrain.config.commands import ALGORITHM_CONFIGS
+    from posttrain.config.common import ConfigWarning
 
     cls = ALGORITHM_CONFIGS[command]
     with warnings.catch_warnings():
@@ -348,7 +349,7 @@ def test_asymmetric_advantage_clip():
 def test_asymmetric_advantage_clip_in_the_trainer_and_config():
     # one group r = [1, 0, 0]: mean ⅓, Bessel std sqrt(⅓): A = [⅔, -⅓, -⅓] / (sqrt(⅓) + 1e-6)
     from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
-    from posttrain.config.schema import AdvantageConfig
+    from posttrain.config.loss import AdvantageConfig
 
     r, g = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), torch.zeros(3, dtype=torch.long)
     s = math.sqrt(1 / 3) + 1e-6
@@ -385,7 +386,7 @@ def test_stop_properly_penalty_nemo_rl_cases():
 def test_stop_properly_penalty_in_the_trainer_and_config():
     from types import SimpleNamespace
 
-    from posttrain.config.schema import DAPOConfig, RewardScalingConfig
+    from posttrain.config.loss import DAPOConfig, RewardScalingConfig
     from posttrain.trainers.rl.batch import shaped_rewards
 
     rollouts = SimpleNamespace(
@@ -614,7 +615,7 @@ def test_message_advantage_penalties_boundary_cases():
 def test_message_advantage_penalties_in_the_trainer():
     # the turn spans and the environment's per-turn flags travel on the trajectory; the penalty
     # replaces the flagged turn's tokens' advantage, then advantage.clip applies (NeMo RL's order)
-    from posttrain.config.schema import AdvantageConfig
+    from posttrain.config.loss import AdvantageConfig
     from posttrain.data.trajectory import EpisodeLimits, Trajectory
     from posttrain.environments.interface import EnvStepResult
     from posttrain.rollout.episode import apply_step

@@ -8,7 +8,8 @@ import torch
 
 from posttrain.algorithms.advantages import grpo_advantages
 from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
-from posttrain.config.schema import AdvantageConfig, GRPOConfig
+from posttrain.config.loss import AdvantageConfig
+from posttrain.config.rl import GRPOConfig
 
 F64 = torch.float64
 TEACHER = torch.tensor([[0.0, -1.0, -2.0, -0.5], [0.0, -0.25, -3.0, -1.0]], dtype=F64)

@@ -3,8 +3,8 @@
 import pytest
 
 from posttrain.config import ConfigError, load_config
+from posttrain.config.ppo import PPOConfig
 from posttrain.config.rl import RLLoopConfig
-from posttrain.config.schema import PPOConfig
 
 
 def test_defaults_one_sample_per_prompt_and_the_shared_loop_name():

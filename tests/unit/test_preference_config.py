@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import ConfigError, load_config
-from posttrain.config.schema import ALGORITHM_CONFIGS, DPOConfig, RMConfig
+from posttrain.config.commands import ALGORITHM_CONFIGS
+from posttrain.config.supervised import DPOConfig, RMConfig
 
 CONFIGS = Path(__file__).parents[2] / "examples" / "configs"
 

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import load_config
+from posttrain.config.common import DatasetConfig
+from posttrain.config.eval import EvalConfig
 from posttrain.config.loader import ConfigError
-from posttrain.config.schema import DatasetConfig, DistillConfig, EvalConfig, GRPOConfig, PPOConfig
+from posttrain.config.ppo import PPOConfig
+from posttrain.config.rl import DistillConfig, GRPOConfig
 from posttrain.data.sources import DataError, Row
 from posttrain.data.tasks import build_tasks, row_messages, without_held_out
 from posttrain.rollout.tasks import load_tasks, rl_tasks

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from posttrain.config.loader import to_yaml
-from posttrain.config.schema import GRPOConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.environments import RewardFuncsEnvironment, make_environment
 
 LOGS = [

@@ -8,8 +8,9 @@ import warnings
 import pytest
 
 from posttrain.config import ALGORITHM_CONFIGS, ConfigError, load_config
-from posttrain.config.rl import RLLoopConfig
-from posttrain.config.schema import ConfigWarning, DistillConfig, GRPOConfig, PPOConfig, RLChecks
+from posttrain.config.common import ConfigWarning
+from posttrain.config.ppo import PPOConfig
+from posttrain.config.rl import DistillConfig, GRPOConfig, RLConfig, RLLoopConfig
 
 RL_CONFIGS = {"grpo": GRPOConfig, "ppo": PPOConfig, "distill": DistillConfig}
 RL_IDS = list(RL_CONFIGS)
@@ -20,11 +21,11 @@ def _load(loop: str, overrides: list[str]):
 
 
 def test_every_rl_config_runs_the_shared_checks():
-    # every config that trains a policy on its own generations derives from RLChecks, its loop named
+    # every config that trains a policy on its own generations derives from RLConfig, its loop named
     rl = {n: cls for n, cls in ALGORITHM_CONFIGS.items() if {"policy", "generation"} <= set(cls.model_fields)}
     assert set(RL_CONFIGS) <= set(rl)
     for name, cls in rl.items():
-        assert issubclass(cls, RLChecks), name
+        assert issubclass(cls, RLConfig), name
         assert cls.LOOP == name and isinstance(getattr(cls(), cls.LOOP), RLLoopConfig), name
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import load_config
+from posttrain.config.common import DatasetConfig
 from posttrain.config.loader import ConfigError
-from posttrain.config.schema import DatasetConfig, GRPOConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.data.sources import DataError, json_error
 from posttrain.data.tasks import build_tasks
 from posttrain.environments.interface import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from posttrain.config.schema import CheckpointConfig
+from posttrain.config.common import CheckpointConfig
 from posttrain.trainers.common import best_metric, format_duration, run_summary
 
 HISTORY = [

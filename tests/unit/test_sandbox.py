@@ -14,7 +14,7 @@ import pydantic
 import pytest
 from sandbox_helpers import ISOLATING_BACKENDS, open_pool
 
-from posttrain.config.schema import SandboxConfig
+from posttrain.config.rollout import SandboxConfig
 from posttrain.sandbox import SandboxError, SandboxPool, SandboxUnsafeError
 from posttrain.sandbox import pool as pool_mod
 from posttrain.sandbox import probe as probe_mod

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from posttrain.config import ConfigError, load_config
-from posttrain.config.schema import EnvironmentConfig, GRPOConfig
+from posttrain.config.rl import GRPOConfig
+from posttrain.config.rollout import EnvironmentConfig
 from posttrain.environments.interface import episode_turn_limit
 from posttrain.environments.reasoning_gym_env import ReasoningGymEnvironment
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, shuffled_grid

@@ -6,16 +6,10 @@ from __future__ import annotations
 import pytest
 
 from posttrain.config import load_config
-from posttrain.config.schema import (
-    DatasetConfig,
-    DistillConfig,
-    DPOConfig,
-    GRPOConfig,
-    PPOConfig,
-    RMConfig,
-    SFTConfig,
-    SFTDataConfig,
-)
+from posttrain.config.common import DatasetConfig
+from posttrain.config.ppo import PPOConfig
+from posttrain.config.rl import DistillConfig, GRPOConfig
+from posttrain.config.supervised import DPOConfig, RMConfig, SFTConfig, SFTDataConfig
 
 TRAINERS = [SFTConfig, GRPOConfig, PPOConfig, DistillConfig, DPOConfig, RMConfig]
 

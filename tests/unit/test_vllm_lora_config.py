@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from posttrain.config import load_config
-from posttrain.config.schema import DistillConfig, EvalConfig, GRPOConfig, PPOConfig
+from posttrain.config.eval import EvalConfig
+from posttrain.config.ppo import PPOConfig
+from posttrain.config.rl import DistillConfig, GRPOConfig
 from posttrain.generation.vllm_lora import max_lora_rank, target_modules
 
 ADAPTER = ["generation.vllm.lora_adapter=true"]

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from posttrain.config import ConfigError, load_config
-from posttrain.config.schema import DatasetConfig, GRPOConfig
+from posttrain.config.common import DatasetConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.data.sources import DataError
 from posttrain.data.tasks import build_tasks
 from posttrain.environments import make_environment

@@ -13,7 +13,8 @@ require_vllm()
 
 from posttrain.algorithms.metrics import token_mult_prob_error  # noqa: E402
 from posttrain.algorithms.rl_loss import grpo_loss  # noqa: E402
-from posttrain.config.schema import GenerationConfig, OptimizerConfig, PolicyConfig, SchedulerConfig  # noqa: E402
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig  # noqa: E402
+from posttrain.config.rollout import GenerationConfig  # noqa: E402
 from posttrain.data.trajectory import Trajectory  # noqa: E402
 from posttrain.distributed.actor import ActorPolicy  # noqa: E402
 from posttrain.distributed.refit_check import RefitError, check_refit, probe_batch  # noqa: E402
@@ -86,7 +87,7 @@ def _parity(policy, generator, tokenizer, temperature=1.0) -> float:
 
 def _colocated_actor(model_dir, **vllm) -> ActorPolicy:
     """A colocated policy whose vLLM engine has the given `generation.vllm` settings."""
-    from posttrain.config.schema import VLLMConfig
+    from posttrain.config.rollout import VLLMConfig
 
     actor = ActorPolicy(
         _policy_cfg(),
@@ -231,7 +232,7 @@ def test_weights_travel_in_the_bf16_engine_dtype_from_an_fp32_policy(vllm_tiny_d
     exactly the policy's weights cast to bf16 (checksum gate), after a training step too."""
     import threading
 
-    from posttrain.config.schema import VLLMConfig
+    from posttrain.config.rollout import VLLMConfig
     from posttrain.distributed.actor_group import GenerationGroup
 
     generation = GenerationConfig(backend="vllm", placement="split", vllm=VLLMConfig(dtype="bfloat16"))
@@ -344,7 +345,7 @@ def test_eval_with_vllm_matches_hf_greedy(vllm_tiny_dir, tmp_path):
     import json
 
     from posttrain.config import load_config
-    from posttrain.config.schema import EvalConfig
+    from posttrain.config.eval import EvalConfig
     from posttrain.trainers.eval import run_eval
 
     data = tmp_path / "problems.jsonl"

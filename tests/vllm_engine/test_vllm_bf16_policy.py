@@ -13,12 +13,8 @@ from conftest import require_vllm
 require_vllm()
 
 from posttrain.algorithms.metrics import token_mult_prob_error  # noqa: E402
-from posttrain.config.schema import (  # noqa: E402
-    GenerationConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    SchedulerConfig,
-)
+from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig  # noqa: E402
+from posttrain.config.rollout import GenerationConfig  # noqa: E402
 from posttrain.data.batching import collate  # noqa: E402
 from posttrain.data.tokenize import tokenize_conversation  # noqa: E402
 from posttrain.distributed.actor import ActorPolicy  # noqa: E402

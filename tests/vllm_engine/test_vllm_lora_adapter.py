@@ -11,14 +11,8 @@ from conftest import require_vllm
 require_vllm()
 pytest.importorskip("peft")
 
-from posttrain.config.schema import (  # noqa: E402
-    GenerationConfig,
-    LoraConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    SchedulerConfig,
-    VLLMConfig,
-)
+from posttrain.config.common import LoraConfig, OptimizerConfig, PolicyConfig, SchedulerConfig  # noqa: E402
+from posttrain.config.rollout import GenerationConfig, VLLMConfig  # noqa: E402
 from posttrain.distributed.actor import ActorPolicy  # noqa: E402
 from posttrain.distributed.refit_check import RefitError, check_refit, probe_batch  # noqa: E402
 from posttrain.generation.sampling import SamplingParams, hf_generate  # noqa: E402

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -215,11 +215,6 @@ def names_own_data(split: Any) -> bool:
     return any(given.get(k) is not None for k in ("path", "environment_tasks")) or "task" in gym
 
 
-def names_own_train_data(data: Any) -> bool:
-    """Whether a user's `data` section picks training data of its own (`names_own_data` of `train`)."""
-    return names_own_data(_given(data).get("train"))
-
-
 def quickstart_keys_to_drop(data: Any, fields: Any) -> dict[str, Any]:
     """The keys of a `data` section whose default belongs to the quickstart's task (its held-out
     `validation` split, its worked `example_turns`), with the value that means "none", for a user's
@@ -240,11 +235,11 @@ VALIDATION_HELP = (
 
 
 class SplitsConfig(Strict):
-    """A `data` section with `train` and `validation` splits. Naming training data of one's own
-    (`names_own_train_data`) without `validation` means no validation set: the default's held-out
-    problems are another task (and likewise no `example_turns` where the section has them: the
-    default's worked example is of the quickstart's task). `posttrain.config.load_config` applies the
-    same rule to recipes."""
+    """A `data` section whose defaults are the quickstart's task: naming data of one's own
+    (`names_own_data` of `train`, or eval's `dataset`) without `validation` means no validation set
+    (the default's held-out problems are another task), and likewise no `example_turns` where the
+    section has them (the default's worked example is of the quickstart's task).
+    `posttrain.config.load_config` applies the same rule to recipes."""
 
     @model_validator(mode="before")
     @classmethod
@@ -271,10 +266,6 @@ def generated_problems(size: int, seed: int, kwargs: dict) -> DatasetConfig:
     return DatasetConfig(reasoning_gym=ReasoningGymConfig(size=size, seed=seed, kwargs=kwargs))
 
 
-def _default_grpo_train() -> DatasetConfig:
-    return generated_problems(5000, 11, _GRPO_ARITH_KWARGS)
-
-
 def _default_grpo_validation() -> DatasetConfig:
     return generated_problems(64, 99_999, _GRPO_ARITH_KWARGS)
 
@@ -286,16 +277,6 @@ class ChatTurn(Strict):
     content: str = Field(min_length=1)
 
 
-EXAMPLE_TURNS_HELP = (
-    "Worked examples as chat turns, inserted after the system prompt and before each task's own "
-    "messages, the same at training, validation and `posttrain eval`: [{role: user, content: ...}, "
-    "{role: assistant, content: ...}, ...], alternating, from a user turn to an assistant turn. "
-    "[]: none. Default: one worked 1-digit sum (4 + 3, not a problem of the quickstart's validation "
-    "set), dropped when the data names a task of its own (a `path`, `environment_tasks` or another "
-    "`reasoning_gym.task`) and this key is not set. Tasks that an environment generates "
-    "(`environment_tasks`) start from the environment's reset, which these turns do not reach."
-)
-
 # The quickstart's worked example: SmolLM2-135M-Instruct copies a bare `\boxed{}` instruction (an
 # empty box), but with one worked sum before the question it answers in the boxed form most of the
 # time, so GRPO has a reward signal from its first step. 4 + 3 is not in the validation set.
@@ -303,10 +284,6 @@ QUICKSTART_EXAMPLE_TURNS: tuple[tuple[str, str], ...] = (
     ("user", "Calculate 4 + 3.\nPut your final answer within \\boxed{}."),
     ("assistant", "4 + 3 = 7\n\nThe answer is \\boxed{7}."),
 )
-
-
-def _default_example_turns() -> list[ChatTurn]:
-    return [ChatTurn(role=role, content=content) for role, content in QUICKSTART_EXAMPLE_TURNS]
 
 
 def check_example_turns(turns: list[ChatTurn], key: str = "data.example_turns") -> None:
@@ -323,6 +300,40 @@ def check_example_turns(turns: list[ChatTurn], key: str = "data.example_turns") 
             f"{key} ends with a user turn: end each worked example with the assistant's answer "
             "(the task's own user message follows the examples)"
         )
+
+
+class PromptsConfig(SplitsConfig):
+    """A `data` section of tasks shown as chat prompts (the RL configs', eval's): the user message's
+    template, the system prompt and the worked examples before each task. `TASKS` names the
+    section's split of tasks."""
+
+    TASKS: ClassVar[str] = "train"
+
+    prompt_template: str = Field(
+        "{problem}", description="Formats the user message; `{problem}` is replaced."
+    )
+    system_prompt: str | None = "Put the final answer in \\boxed{}."
+    example_turns: list[ChatTurn] = Field(
+        default_factory=lambda: [ChatTurn(role=r, content=c) for r, c in QUICKSTART_EXAMPLE_TURNS],
+        description="Worked examples as chat turns, inserted after the system prompt and before each task's "
+        "own messages, the same at training, validation and `posttrain eval`: [{role: user, content: ...}, "
+        "{role: assistant, content: ...}, ...], alternating, from a user turn to an assistant turn. "
+        "[]: none. Default: one worked 1-digit sum (4 + 3, not a problem of the quickstart's validation "
+        "set), dropped when the data names a task of its own (a `path`, `environment_tasks` or another "
+        "`reasoning_gym.task`) and this key is not set. Tasks that an environment generates "
+        "(`environment_tasks`) start from the environment's reset, which these turns do not reach.",
+    )
+
+    @model_validator(mode="after")
+    def _examples(self) -> PromptsConfig:
+        check_example_turns(self.example_turns)
+        if self.example_turns and getattr(self, self.TASKS).environment_tasks is not None:
+            raise ValueError(
+                f"data.example_turns is set but data.{self.TASKS} uses environment_tasks, whose episodes "
+                "start from the environment's reset (the turns would never be shown); set data.example_turns=[] "
+                "and give the environment its own examples where it takes them (e.g. environment.kwargs.examples)"
+            )
+        return self
 
 
 # --------------------------------------------------------------------------------- infra

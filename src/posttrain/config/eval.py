@@ -2,54 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from posttrain.config.common import (
-    EXAMPLE_TURNS_HELP,
-    ChatTurn,
-    DatasetConfig,
-    Strict,
-    _default_example_turns,
-    _default_grpo_validation,
-    check_example_turns,
-    quickstart_keys_to_drop,
-)
+from posttrain.config.common import DatasetConfig, PromptsConfig, Strict, _default_grpo_validation
 from posttrain.config.rollout import EnvironmentConfig, GenerationConfig, check_episode_budget
 
 
-class EvalDataConfig(Strict):
+class EvalDataConfig(PromptsConfig):
+    TASKS: ClassVar[str] = "dataset"
+
     dataset: DatasetConfig = Field(
         default_factory=_default_grpo_validation,
         description="Default: the GRPO quickstart's held-out problems.",
     )
-    prompt_template: str = Field(
-        "{problem}", description="Formats the user message; `{problem}` is replaced."
-    )
-    system_prompt: str | None = "Put the final answer in \\boxed{}."
-    example_turns: list[ChatTurn] = Field(
-        default_factory=_default_example_turns, description=EXAMPLE_TURNS_HELP
-    )
     max_prompt_len: int = Field(512, gt=0, description="Prompts longer than this (in tokens) are skipped.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_foreign_examples(cls, data: Any) -> Any:
-        """A dataset of one's own (not the quickstart's task) gets no worked example unless it is set."""
-        if isinstance(data, dict) and (drop := quickstart_keys_to_drop(data, cls.model_fields)):
-            return {**data, **drop}
-        return data
-
-    @model_validator(mode="after")
-    def _examples(self) -> EvalDataConfig:
-        check_example_turns(self.example_turns)
-        if self.example_turns and self.dataset.environment_tasks is not None:
-            raise ValueError(
-                "data.example_turns is set but data.dataset uses environment_tasks, whose episodes start "
-                "from the environment's reset (the turns would never be shown); set data.example_turns=[]"
-            )
-        return self
 
 
 class EvalSamplingConfig(Strict):

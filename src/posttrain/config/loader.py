@@ -28,30 +28,20 @@ class OverrideError(ConfigError):
     """A recipe file that is valid on its own, made invalid by command-line overrides."""
 
 
-def deep_merge(base: dict, override: dict) -> dict:
-    """Return `base` updated by `override`; nested dicts merge, anything else replaces."""
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 SOURCE_KEYS = frozenset({"path", "reasoning_gym"})
 """Mutually exclusive keys of a dataset: a user who names one replaces the default's other."""
 
 
-def merge_onto_defaults(defaults: dict, user: dict) -> dict:
-    """Like `deep_merge`, but a user mapping that names a data source drops the default's source."""
-    merged = dict(defaults)
-    for key, value in user.items():
-        base = merged.get(key)
-        if isinstance(value, dict) and isinstance(base, dict):
-            if value.keys() & SOURCE_KEYS:
-                base = {k: v for k, v in base.items() if k not in SOURCE_KEYS - value.keys()}
-            merged[key] = merge_onto_defaults(base, value)
+def deep_merge(base: dict, override: dict, exclusive: frozenset[str] = frozenset()) -> dict:
+    """Return `base` updated by `override`; nested dicts merge, anything else replaces. A nested
+    mapping of `override` that names one of the `exclusive` keys drops `base`'s others there."""
+    merged = dict(base)
+    for key, value in override.items():
+        below = merged.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            if value.keys() & exclusive:
+                below = {k: v for k, v in below.items() if k not in exclusive - value.keys()}
+            merged[key] = deep_merge(below, value, exclusive)
         else:
             merged[key] = value
     return merged
@@ -100,24 +90,23 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     """Valid keys of the model found by walking `loc` (minus its last element)."""
     current: Any = model
     for part in loc[:-1]:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return []
-        field = current.model_fields.get(str(part))
+        field = _fields_of(current).get(str(part))
         if field is None:
             return []
         current = _model_in(field.annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
+    return list(_fields_of(current))
+
+
+def _fields_of(model: Any) -> dict[str, Any]:
+    """A BaseModel class's fields; {} for anything else."""
+    return model.model_fields if isinstance(model, type) and issubclass(model, BaseModel) else {}
 
 
 def _model_in(annotation: Any) -> Any:
     """The BaseModel class inside `X`, `X | None` or `Optional[X]`, else the annotation itself."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
     return annotation
 
 
@@ -181,7 +170,7 @@ def config_from_data(model: type[T], data: dict) -> T:
     user_data = data.get("data")
     if isinstance(defaults.get("data"), dict) and isinstance(user_data, dict):
         defaults["data"].update(quickstart_keys_to_drop(user_data, defaults["data"]))
-    return validate(model, merge_onto_defaults(defaults, data))
+    return validate(model, deep_merge(defaults, data, SOURCE_KEYS))
 
 
 def to_yaml(config: BaseModel) -> str:

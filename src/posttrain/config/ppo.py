@@ -6,26 +6,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from posttrain.config.common import (
-    CheckpointConfig,
-    ClusterConfig,
-    LoggingConfig,
-    OptimizerConfig,
-    PolicyConfig,
-    SchedulerConfig,
-    Strict,
-)
+from posttrain.config.common import LoggingConfig, OptimizerConfig, PolicyConfig, SchedulerConfig, Strict
 from posttrain.config.loss import DAPOConfig, LossConfig, RewardScalingConfig
-from posttrain.config.rl import (
-    RL_CHECKPOINT,
-    RL_POLICY,
-    GRPODataConfig,
-    RLChecks,
-    RLLoopConfig,
-    check_local_workers,
-    check_minibatches,
-)
-from posttrain.config.rollout import EnvironmentConfig, GenerationConfig
+from posttrain.config.rl import RLConfig, RLLoopConfig, check_local_workers, check_minibatches
 
 
 class CriticConfig(Strict):
@@ -151,16 +134,12 @@ class PPOTrainerConfig(RLLoopConfig):
     )
 
 
-class PPOConfig(RLChecks):
+class PPOConfig(RLConfig):
     """`posttrain ppo`: PPO with a learned critic and GAE, on GRPO's rollouts, environments and losses."""
 
     LOOP: ClassVar[str] = "ppo"
 
-    policy: PolicyConfig = RL_POLICY
     critic: CriticConfig = CriticConfig()
-    data: GRPODataConfig = GRPODataConfig()
-    generation: GenerationConfig = GenerationConfig()
-    environment: EnvironmentConfig = EnvironmentConfig()
     advantage: GAEConfig = GAEConfig()
     loss: LossConfig = LossConfig()
     dapo: DAPOConfig = Field(
@@ -168,8 +147,6 @@ class PPOConfig(RLChecks):
         description="overlong_filter and the soft overlong penalty apply; dynamic sampling does not.",
     )
     ppo: PPOTrainerConfig = PPOTrainerConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = RL_CHECKPOINT
     logging: LoggingConfig = LoggingConfig(run_dir="runs/ppo")
 
     @model_validator(mode="after")

@@ -7,10 +7,8 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from posttrain.config.common import CheckpointConfig, ClusterConfig, LoggingConfig, PolicyConfig
 from posttrain.config.loss import LossConfig
-from posttrain.config.rl import RL_CHECKPOINT, RL_POLICY, GRPODataConfig, RLChecks, RLLoopConfig
-from posttrain.config.rollout import EnvironmentConfig, GenerationConfig
+from posttrain.config.rl import RLConfig, RLLoopConfig
 
 
 class ReinforceMATrainerConfig(RLLoopConfig):
@@ -29,20 +27,13 @@ class ReinforceMATrainerConfig(RLLoopConfig):
     )
 
 
-class ReinforceMAConfig(RLChecks):
+class ReinforceMAConfig(RLConfig):
     """REINFORCE with a moving-average baseline: A = r - b, GRPO's clipped surrogate (loss.*)."""
 
     LOOP: ClassVar[str] = "reinforce_ma"
 
-    policy: PolicyConfig = RL_POLICY
-    data: GRPODataConfig = GRPODataConfig()
-    generation: GenerationConfig = GenerationConfig()
-    environment: EnvironmentConfig = EnvironmentConfig()
     loss: LossConfig = LossConfig()
     reinforce_ma: ReinforceMATrainerConfig = ReinforceMATrainerConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = RL_CHECKPOINT
-    logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
     def _kl_in_the_loss(self) -> ReinforceMAConfig:

@@ -1,7 +1,6 @@
 """The RL configs (`posttrain grpo` and `posttrain distill` here; ppo.py and reinforce_ma.py hold
-theirs) and what they all share: the data and loop sections, the teacher, the quickstart's policy and
-checkpoint defaults, and the one set of checks every RL config runs (`check_rl_config`, through the
-base class `RLChecks`).
+theirs) and what they all share: their base `RLConfig` (the shared sections and the one set of
+checks every RL config runs, `check_rl_config`), the data and loop sections and the teacher.
 """
 
 from __future__ import annotations
@@ -11,39 +10,29 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from posttrain.config.common import (
-    EXAMPLE_TURNS_HELP,
+    _GRPO_ARITH_KWARGS,
     VALIDATION_HELP,
-    ChatTurn,
     CheckpointConfig,
     ClusterConfig,
     DatasetConfig,
     LoggingConfig,
     OptimizerConfig,
     PolicyConfig,
+    PromptsConfig,
     SchedulerConfig,
-    SplitsConfig,
     Strict,
-    _default_example_turns,
-    _default_grpo_train,
     _default_grpo_validation,
-    check_example_turns,
     config_warning,
+    generated_problems,
 )
 from posttrain.config.loss import AdvantageConfig, DAPOConfig, LossConfig
 from posttrain.config.rollout import EnvironmentConfig, GenerationConfig, check_episode_budget
 
 
-class GRPODataConfig(SplitsConfig):
-    train: DatasetConfig = Field(default_factory=_default_grpo_train)
+class GRPODataConfig(PromptsConfig):
+    train: DatasetConfig = Field(default_factory=lambda: generated_problems(5000, 11, _GRPO_ARITH_KWARGS))
     validation: DatasetConfig | None = Field(
         default_factory=_default_grpo_validation, description=VALIDATION_HELP
-    )
-    prompt_template: str = Field(
-        "{problem}", description="Formats the user message; `{problem}` is replaced."
-    )
-    system_prompt: str | None = "Put the final answer in \\boxed{}."
-    example_turns: list[ChatTurn] = Field(
-        default_factory=_default_example_turns, description=EXAMPLE_TURNS_HELP
     )
     exclude_validation_from_train: bool = Field(
         True,
@@ -53,17 +42,6 @@ class GRPODataConfig(SplitsConfig):
         "without messages (an environment's reset makes them) are not compared: such environments keep "
         "their pools apart themselves (e.g. environment_tasks.split).",
     )
-
-    @model_validator(mode="after")
-    def _examples(self) -> GRPODataConfig:
-        check_example_turns(self.example_turns)
-        if self.example_turns and self.train.environment_tasks is not None:
-            raise ValueError(
-                "data.example_turns is set but data.train uses environment_tasks, whose episodes start "
-                "from the environment's reset (the turns would never be shown); set data.example_turns=[] "
-                "and give the environment its own examples where it takes them (e.g. environment.kwargs.examples)"
-            )
-        return self
 
 
 class RLLoopConfig(Strict):
@@ -117,17 +95,6 @@ class GRPOTrainerConfig(RLLoopConfig):
         description="Async: stop the run with an error when no rollout batch arrives for this long while the "
         "trainer waits (a hung generation worker or environment).",
     )
-
-
-# The RL trainers' (grpo, ppo, distill) defaults for the policy and checkpoints: the quickstart's.
-RL_POLICY = PolicyConfig(
-    optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
-    scheduler=SchedulerConfig(name="constant", warmup_steps=0),
-    max_seq_len=128,
-    train_micro_batch_size=8,
-    logprob_batch_size=16,
-)
-RL_CHECKPOINT = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
 
 
 class TeacherConfig(Strict):
@@ -265,26 +232,37 @@ def check_truncated_sampling(cfg: Any, loop: str) -> None:
     )
 
 
-class RLChecks(Strict):
-    """Base of the RL configs: runs `check_rl_config` (the one shared set) before each config's own
-    validators. `LOOP` names the config's loop section."""
+class RLConfig(Strict):
+    """Base of the RL configs: the sections they all share, with the quickstart's defaults (each
+    config adds its loop section, named by `LOOP`, and its own), and `check_rl_config` (the one
+    shared set of checks), run before each config's own validators."""
 
     LOOP: ClassVar[str] = "grpo"
 
+    policy: PolicyConfig = PolicyConfig(
+        optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0),
+        scheduler=SchedulerConfig(name="constant", warmup_steps=0),
+        max_seq_len=128,
+        train_micro_batch_size=8,
+        logprob_batch_size=16,
+    )
+    data: GRPODataConfig = GRPODataConfig()
+    generation: GenerationConfig = GenerationConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
+    logging: LoggingConfig = LoggingConfig()
+
     @model_validator(mode="after")
-    def _rl_checks(self) -> RLChecks:
+    def _rl_checks(self) -> RLConfig:
         check_rl_config(self, self.LOOP)
         return self
 
 
 # ----------------------------------------------------------------- posttrain grpo
-class GRPOConfig(RLChecks):
+class GRPOConfig(RLConfig):
     """`posttrain grpo`."""
 
-    policy: PolicyConfig = RL_POLICY
-    data: GRPODataConfig = GRPODataConfig()
-    generation: GenerationConfig = GenerationConfig()
-    environment: EnvironmentConfig = EnvironmentConfig()
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()
     dapo: DAPOConfig = DAPOConfig()
@@ -293,9 +271,6 @@ class GRPOConfig(RLChecks):
         None,
         description="The teacher of advantage.estimator=on_policy_distill (required by it, else unused).",
     )
-    cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = RL_CHECKPOINT
-    logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
     def _algorithm_combinations(self) -> GRPOConfig:
@@ -435,22 +410,16 @@ class DistillTrainerConfig(RLLoopConfig):
     val_every: int = Field(5, gt=0)
 
 
-class DistillConfig(RLChecks):
+class DistillConfig(RLConfig):
     """`posttrain distill`: the student samples, the teacher scores its tokens (top-k), the student
     minimises the divergence on its own tokens. Default task: the GRPO quickstart's."""
 
     LOOP: ClassVar[str] = "distill"
 
-    policy: PolicyConfig = RL_POLICY
-    teacher: TeacherConfig = TeacherConfig()
-    data: GRPODataConfig = GRPODataConfig()
-    generation: GenerationConfig = GenerationConfig()
     environment: EnvironmentConfig = Field(
         default_factory=EnvironmentConfig,
         description="Runs the episodes (several turns, tools) and scores them for the metrics and "
         "validation; rewards do not enter the loss.",
     )
+    teacher: TeacherConfig = TeacherConfig()
     distill: DistillTrainerConfig = DistillTrainerConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = RL_CHECKPOINT
-    logging: LoggingConfig = LoggingConfig()

@@ -1,16 +1,52 @@
 """The sections that sample and score episodes, shared by the RL trainers and eval: generation
 (HF / vLLM, refit transport and checks), the environment and its agent rollouts, the episode token
-budget; and the settings of the sandbox that runs model-written code (`posttrain.sandbox`).
+budget; the settings of the sandbox that runs model-written code (`posttrain.sandbox`); and the
+lookups their validators call in the floors above config (`Lookups`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, field_serializer, model_validator
 
 from posttrain.config.common import ClusterConfig, LoraConfig, Strict
-from posttrain.config.lookups import installed_lookups
+
+
+@dataclass(frozen=True)
+class Lookups:
+    """What config validation looks up in the floors above config: whether an environment name and
+    its kwargs resolve, the turn limit they set, and which tool-call parsers are registered.
+
+    `posttrain.config` may not import `posttrain.environments` or `posttrain.endpoint` (they sit above
+    it, docs/architecture.md), so the package root (`posttrain/__init__.py`) installs these lookups
+    (`install_lookups`) before any config is validated; they import those floors on first use. Until
+    installed nothing is looked up and those checks pass (it never happens in practice: importing any
+    `posttrain.<module>` runs the package root first)."""
+
+    check_environment: Callable[[str, dict[str, Any]], None]
+    """Raise ValueError (EnvironmentSpecError) unless `environment.name` resolves to an environment
+    class whose constructor takes `environment.kwargs` (`environments.interface.check_environment`)."""
+    turn_limit: Callable[[str, dict[str, Any]], tuple[str, int] | None]
+    """(kwarg, value) bounding an episode's turns for a registered environment name; None for an
+    environment without one or a name that is not registered (an import path is not imported)."""
+    tool_parsers: Callable[[], Collection[str]]
+    """The names of the registered tool-call parsers (`endpoint.parsers.TOOL_CALL_PARSERS`)."""
+
+
+_INSTALLED: list[Lookups] = []
+
+
+def install_lookups(lookups: Lookups) -> None:
+    """Make `lookups` the ones config validation uses (the package root calls this once)."""
+    _INSTALLED[:] = [lookups]
+
+
+def installed_lookups() -> Lookups | None:
+    """The installed lookups, or None before `install_lookups`."""
+    return _INSTALLED[0] if _INSTALLED else None
 
 
 class VLLMConfig(Strict):

@@ -45,6 +45,15 @@ class EpochLoopConfig(Strict):
     seed: int = 0
 
 
+class EpochConfig(Strict):
+    """Base of the sft, dpo and rm configs: the sections they share (each sets its policy's defaults)."""
+
+    policy: PolicyConfig
+    cluster: ClusterConfig = ClusterConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(save_every=20)
+    logging: LoggingConfig = LoggingConfig()
+
+
 # --------------------------------------------------------------------------------- sft
 class SFTDataConfig(SplitsConfig):
     train: DatasetConfig = Field(default_factory=lambda: generated_problems(2000, 1, _ARITH_KWARGS))
@@ -60,7 +69,7 @@ class SFTTrainerConfig(EpochLoopConfig):
     """SFT's loop: batch sizes count sequences."""
 
 
-class SFTConfig(Strict):
+class SFTConfig(EpochConfig):
     """`posttrain sft`."""
 
     policy: PolicyConfig = PolicyConfig(
@@ -68,9 +77,6 @@ class SFTConfig(Strict):
     )
     data: SFTDataConfig = SFTDataConfig()
     sft: SFTTrainerConfig = SFTTrainerConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(save_every=20)
-    logging: LoggingConfig = LoggingConfig()
 
 
 # --------------------------------------------------------------------------------- dpo and rm
@@ -189,15 +195,12 @@ class DPOTrainerConfig(PreferenceTrainerConfig):
         return self
 
 
-class DPOConfig(Strict):
+class DPOConfig(EpochConfig):
     """`posttrain dpo`. The reference policy is a frozen copy of the initial `policy.model_name`."""
 
     policy: PolicyConfig = _pairs_policy(lr=5e-6)
     data: PreferenceDataConfig = PreferenceDataConfig()
     dpo: DPOTrainerConfig = DPOTrainerConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(save_every=20)
-    logging: LoggingConfig = LoggingConfig()
 
 
 class RMTrainerConfig(PreferenceTrainerConfig):
@@ -220,15 +223,13 @@ def _default_rm_data() -> PreferenceDataConfig:
     )
 
 
-class RMConfig(Strict):
+class RMConfig(EpochConfig):
     """`posttrain rm`. `policy.model_name` is the backbone; a scalar head (num_labels=1) is added."""
 
     policy: PolicyConfig = _pairs_policy(lr=5e-5)
     data: PreferenceDataConfig = Field(default_factory=_default_rm_data)
     rm: RMTrainerConfig = RMTrainerConfig()
-    cluster: ClusterConfig = ClusterConfig()
     checkpoint: CheckpointConfig = CheckpointConfig(save_every=30)
-    logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
     def _no_fsdp(self) -> RMConfig:

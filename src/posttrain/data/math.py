@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posttrain.config.schema import DatasetConfig
+from posttrain.config.common import DatasetConfig
 from posttrain.data.boxed import extract_last_boxed
 from posttrain.data.sources import DataError, Row
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import DatasetConfig, PreferenceDatasetConfig
+from posttrain.config.common import DatasetConfig
+from posttrain.config.supervised import PreferenceDatasetConfig
 from posttrain.data.batching import TokenBatch, collate
 from posttrain.data.sft import ROLES
 from posttrain.data.sources import BOXED_INSTRUCTION, DataError, Row, load_rows, worked_answer

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.config.schema import DatasetConfig
+from posttrain.config.common import DatasetConfig
 from posttrain.data.sources import DataError, Row, load_rows
 from posttrain.data.tokenize import Message, TokenizedExample, tokenize_conversation
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.config.schema import DatasetConfig, ReasoningGymConfig
+from posttrain.config.common import DatasetConfig, ReasoningGymConfig
 from posttrain.errors import UserError
 
 BOXED_INSTRUCTION = "Put your final answer within \\boxed{}."

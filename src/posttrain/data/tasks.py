@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from posttrain.config.schema import DatasetConfig
+from posttrain.config.common import DatasetConfig
 from posttrain.data.math import read_answer
 from posttrain.data.sources import DataError, Row, load_rows
 

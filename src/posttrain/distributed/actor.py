@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import GenerationConfig, PolicyConfig
+from posttrain.config.common import PolicyConfig
+from posttrain.config.rollout import GenerationConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.generation.worker import Sampling, build_vllm_engine
 from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, compute_autocast, load_causal_lm

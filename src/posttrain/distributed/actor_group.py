@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import ClusterConfig, GenerationConfig, PolicyConfig, RefitTransport
+from posttrain.config.common import ClusterConfig, PolicyConfig
+from posttrain.config.rollout import GenerationConfig, RefitTransport
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.policy_group import PolicyGroup

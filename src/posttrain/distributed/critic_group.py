@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import PolicyConfig
+from posttrain.config.common import PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.distributed.actor_group import ActorGroup

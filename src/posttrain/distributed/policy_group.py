@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from posttrain.algorithms.metrics import accumulate_metrics
-from posttrain.config.schema import ClusterConfig, PolicyConfig
+from posttrain.config.common import ClusterConfig, PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.workers import make_workers
 from posttrain.models.policy import LossFn, Policy, TrainResult

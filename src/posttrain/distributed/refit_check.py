@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from posttrain.algorithms.metrics import token_mult_prob_error
-from posttrain.config.schema import RefitCheckConfig
+from posttrain.config.rollout import RefitCheckConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.generation.sampling import GenerationOutput, SamplingParams
 

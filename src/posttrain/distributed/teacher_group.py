@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.checkpoint.export import resolve_model_source
-from posttrain.config.schema import ClusterConfig, TeacherConfig
+from posttrain.config.common import ClusterConfig
+from posttrain.config.rl import TeacherConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.distributed.student import StudentActor

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from posttrain.config.schema import ClusterConfig
+from posttrain.config.common import ClusterConfig
 from posttrain.errors import UserError, WorkerLostError
 
 

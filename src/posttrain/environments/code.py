@@ -411,7 +411,7 @@ class CodeEnvironment:
     def pool(self) -> Any:
         """The sandbox pool, started on first use."""
         if self._pool is None:
-            from posttrain.config.schema import SandboxConfig
+            from posttrain.config.rollout import SandboxConfig
             from posttrain.sandbox import SandboxPool
 
             self._pool = SandboxPool(SandboxConfig(**self.sandbox))

@@ -123,7 +123,7 @@ class EnvironmentGroup:
         elif backend == "ray":
             import ray
 
-            from posttrain.config.schema import ClusterConfig
+            from posttrain.config.common import ClusterConfig
             from posttrain.distributed.workers import init_ray
 
             init_ray(ClusterConfig())

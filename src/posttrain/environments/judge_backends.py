@@ -160,7 +160,7 @@ class ActorJudge:
         import ray
 
         if not ray.is_initialized():
-            from posttrain.config.schema import ClusterConfig
+            from posttrain.config.common import ClusterConfig
             from posttrain.distributed.workers import init_ray
 
             init_ray(ClusterConfig())

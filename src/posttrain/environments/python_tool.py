@@ -118,7 +118,7 @@ class PythonToolEnvironment(ToolEnvironment):
     def pool(self) -> Any:
         """The sandbox pool, started on the first call."""
         if self._pool is None:
-            from posttrain.config.schema import SandboxConfig
+            from posttrain.config.rollout import SandboxConfig
             from posttrain.sandbox import SandboxPool
 
             self._pool = SandboxPool(SandboxConfig(**self.sandbox))

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import VLLMConfig
+from posttrain.config.rollout import VLLMConfig
 from posttrain.generation.sampling import GenerationOutput, SamplingParams, hf_generate
 
 

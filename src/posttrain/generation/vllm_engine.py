@@ -11,7 +11,7 @@ Logprobs: vLLM is asked for `processed_logprobs`, the logprobs of the distributi
 from after temperature scaling. With top-p = 1 and no top-k that is log softmax(z / T), the
 distribution RL trains (see `posttrain.generation.sampling`); with top-p / top-k truncation vLLM
 reports the truncated distribution instead, unlike the HF backend; the config refuses that wherever
-generation logprobs enter the loss or the advantages (`posttrain.config.schema.check_truncated_sampling`).
+generation logprobs enter the loss or the advantages (`posttrain.config.rl.check_truncated_sampling`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import LoraConfig, VLLMConfig
+from posttrain.config.common import LoraConfig
+from posttrain.config.rollout import VLLMConfig
 from posttrain.generation.sampling import GenerationOutput, SamplingParams, finished_length, sampling_seed
 from posttrain.weights.refit import weights_checksum
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import LoraConfig
+from posttrain.config.common import LoraConfig
 from posttrain.errors import UserError
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

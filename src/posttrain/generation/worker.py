@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import GenerationConfig, PolicyConfig
+from posttrain.config.common import PolicyConfig
+from posttrain.config.rollout import GenerationConfig
 from posttrain.generation.sampler import WeightUpdates
 from posttrain.generation.sampling import GenerationOutput, SamplingParams, hf_generate
 from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, load_causal_lm, pick_device

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from posttrain.config.schema import LoggingConfig, MlflowConfig, WandbConfig
+from posttrain.config.common import LoggingConfig, MlflowConfig, WandbConfig
 
 CONSOLE_KEYS = ("loss", "val/loss", "reward/mean", "val/accuracy", "grad_norm", "lr", "tokens_per_s")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.config.schema import LoraConfig
+from posttrain.config.common import LoraConfig
 
 
 def peft_lora_config(

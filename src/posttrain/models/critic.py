@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import PolicyConfig
+from posttrain.config.common import PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.modeling.attention import use_eager_for_softcapping
 from posttrain.modeling.loading import MASTER_DTYPE

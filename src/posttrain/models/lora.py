@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from posttrain.config.schema import LoraConfig
+from posttrain.config.common import LoraConfig
 from posttrain.errors import UserError
 from posttrain.modeling.peft import peft_lora_config
 

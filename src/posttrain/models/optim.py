@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from posttrain.config.schema import OptimizerConfig, SchedulerConfig
+from posttrain.config.common import OptimizerConfig, SchedulerConfig
 
 
 def lr_multiplier(step: int, *, name: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from posttrain.algorithms.metrics import accumulate_metrics
-from posttrain.config.schema import PolicyConfig
+from posttrain.config.common import PolicyConfig
 from posttrain.data.batching import TokenBatch
 from posttrain.modeling.loading import (
     DTYPES,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from posttrain.config.schema import DatasetConfig, EnvironmentConfig
+from posttrain.config.common import DatasetConfig
+from posttrain.config.rollout import EnvironmentConfig
 from posttrain.data.tasks import Task, build_tasks, tasks_within, without_held_out
 from posttrain.environments.interface import make_environment, resolve_environment
 

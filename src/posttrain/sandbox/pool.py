@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from posttrain.config.schema import SandboxConfig
+from posttrain.config.rollout import SandboxConfig
 from posttrain.sandbox.backends import UID_BASE
 from posttrain.sandbox.probe import select
 from posttrain.sandbox.process import ExecResult, Limits, SandboxError, SandboxProcess

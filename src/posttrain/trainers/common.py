@@ -21,8 +21,8 @@ from pydantic import BaseModel, ValidationError
 
 from posttrain.checkpoint import Checkpointer
 from posttrain.checkpoint.checkpointer import resolve_resume
+from posttrain.config.common import CheckpointConfig
 from posttrain.config.loader import ConfigError, to_yaml
-from posttrain.config.schema import CheckpointConfig
 from posttrain.errors import UserError
 
 RESUMABLE_CHANGES = (

@@ -23,7 +23,7 @@ import torch
 
 from posttrain.algorithms.distillation import distillation_loss
 from posttrain.algorithms.metrics import scored_reward_metrics
-from posttrain.config.schema import DistillConfig, TeacherConfig
+from posttrain.config.rl import DistillConfig, TeacherConfig
 from posttrain.distributed.student import DistillBatch
 from posttrain.distributed.teacher_group import StudentGroup
 from posttrain.models.distill_logprobs import StudentTopK

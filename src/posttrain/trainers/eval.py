@@ -28,7 +28,8 @@ from typing import Any
 
 from posttrain.algorithms.metrics import cons_at_k, pass_at_k
 from posttrain.checkpoint.export import resolve_model_source
-from posttrain.config.schema import EvalConfig, episode_token_budget
+from posttrain.config.eval import EvalConfig
+from posttrain.config.rollout import episode_token_budget
 from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.group import EnvironmentGroup
 from posttrain.generation.sampling import SamplingParams

@@ -27,7 +27,8 @@ from posttrain.algorithms.advantages import (
 from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
 from posttrain.algorithms.metrics import component_reward_metrics, scored_reward_metrics
-from posttrain.config.schema import AdvantageConfig, GRPOConfig, TeacherConfig
+from posttrain.config.loss import AdvantageConfig
+from posttrain.config.rl import GRPOConfig, TeacherConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, flagged_turn_tokens

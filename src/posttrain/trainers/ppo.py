@@ -35,7 +35,7 @@ from posttrain.algorithms.estimators import AdvantageInputs, advantage_estimator
 from posttrain.algorithms.gae import gae_advantages, length_adaptive_lambda, token_rewards
 from posttrain.algorithms.metrics import scored_reward_metrics
 from posttrain.algorithms.value_loss import clipped_value_loss, explained_variance, last_token_mask
-from posttrain.config.schema import PPOConfig
+from posttrain.config.ppo import PPOConfig
 from posttrain.data.batching import concat_batches
 from posttrain.distributed.critic_group import (
     ColocatedCritic,
