@@ -343,7 +343,7 @@ def test_the_docs_example_runs() -> None:
 
     page = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
     section = page[page.index("## LLM as judge") : page.index("## Run environments in workers")]
-    (block,) = re.findall(r"```py\n(.*?)```", section, re.S)
+    (block,) = [b for b in re.findall(r"```py\n(.*?)```", section, re.S) if "FunctionJudge(" in b]
     namespace: dict = {}
     exec(block, namespace)
     r = namespace["env"].step([sample("q", "\\boxed{3}"), sample("q", "3")], [{}, {}])
