@@ -73,7 +73,15 @@ def test_endpoint_episode_equals_in_process_rollout(backend, smollm_dir, tokeniz
     assert inproc.num_turns >= 2  # a tool call, its result, the final reply: a multi-turn tool episode
     assert endpoint.input_ids == inproc.input_ids
     assert endpoint.loss_mask == inproc.loss_mask
-    assert endpoint.generation_logprobs == inproc.generation_logprobs
+    if backend == "hf":
+        assert endpoint.generation_logprobs == inproc.generation_logprobs
+    else:  # vLLM's CPU kernels may sum in another order from one engine call to the next (seen: 1e-6
+        # apart at one token under load): fp32 rounding of a logit (|logit| < 50, a 576-term dot product,
+        # relative error ~ sqrt(576) * 6e-8) bounds the difference by ~1e-4
+        diff = max(
+            abs(a - b) for a, b in zip(endpoint.generation_logprobs, inproc.generation_logprobs, strict=True)
+        )
+        assert diff < 1e-4, diff
     assert endpoint.turn_spans == inproc.turn_spans
     assert endpoint.reward == inproc.reward and endpoint.scored
     assert [(m["role"], m["content"]) for m in endpoint.messages] == [
