@@ -4,6 +4,8 @@ Usage:
 
     python benchmarks/quickstart_seeds.py 0 1 2 3 4                     # 5 seeds of `posttrain grpo`
     python benchmarks/quickstart_seeds.py 0 1 --out /tmp/qs_smoke --set grpo.max_steps=2   # smoke run
+    python benchmarks/quickstart_seeds.py 0 1 2 --out runs/gdpo_seeds --config examples/configs/grpo_gdpo.yaml \\
+        --plot docs/img/gdpo_val_accuracy.png --compare runs/quickstart_seeds   # GDPO beside the quickstart
 
 Each seed S runs the quickstart recipe (examples/configs/grpo_math.yaml, i.e. `posttrain grpo` with no
 arguments) with `grpo.seed=S policy.seed=S` (grpo.seed picks the order of the training problems and
@@ -193,6 +195,34 @@ def print_table(results: list[dict], base: dict[str, float], val_steps: list[int
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
 
 
+def plot_seeds(path: Path, runs: dict[str, list[dict]], title: str) -> None:
+    """Held-out accuracy against step: per recipe the mean over its seeds (line), the range between its
+    worst and best seed (band) and each seed (thin lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for (label, results), color in zip(runs.items(), ["tab:blue", "tab:orange", "tab:green"], strict=False):
+        steps = sorted({s for r in results for s in r["val_accuracy"]})
+        table = [[100 * r["val_accuracy"][s] for r in results if s in r["val_accuracy"]] for s in steps]
+        for r in results:
+            curve = sorted(r["val_accuracy"].items())
+            ax.plot([s for s, _ in curve], [100 * v for _, v in curve], color=color, lw=0.6, alpha=0.5)
+        ax.fill_between(steps, [min(v) for v in table], [max(v) for v in table], color=color, alpha=0.15)
+        mean_curve = [statistics.fmean(v) for v in table]
+        ax.plot(steps, mean_curve, color=color, lw=2, marker="o", label=f"{label} ({len(results)} seeds)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out accuracy (%, greedy)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    print(f"wrote {path}")
+
+
 def loadavg() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -210,6 +240,17 @@ def main() -> None:
     )
     parser.add_argument(
         "--config", type=Path, default=QUICKSTART, help="the recipe (default: the quickstart's)"
+    )
+    parser.add_argument(
+        "--plot", type=Path, help="draw the seeds' held-out accuracy (mean, range, each seed) to this PNG"
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="OUT",
+        help="with --plot: also draw the seeds of another run of this script (its --out folder)",
     )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every seed's run"
@@ -248,6 +289,15 @@ def main() -> None:
     summary["seeds"] = results
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"\nwrote {args.out / 'summary.json'}")
+    if args.plot:
+        runs = {args.config.stem: results}
+        for other in args.compare:
+            other_summary = json.loads((other / "summary.json").read_text())
+            runs[Path(other_summary["recipe"]).stem] = [
+                {**r, "val_accuracy": {int(s): v for s, v in r["val_accuracy"].items()}}
+                for r in other_summary["seeds"]
+            ]
+        plot_seeds(args.plot, runs, f"held-out accuracy, {cpu_model()}")
 
 
 if __name__ == "__main__":
