@@ -1,18 +1,51 @@
 """The real command line on errors of the user's own making: one `error: ...` line, exit status 2, no
-traceback (unless --debug or POSTTRAIN_DEBUG=1 asks for it)."""
+traceback (unless --debug or POSTTRAIN_DEBUG=1 asks for it).
+
+`posttrain.cli.main` runs in this process (the command line minus `sys.exit`: a fresh interpreter
+per call cost a few seconds of imports each); `test_debug_shows_the_traceback` runs the real
+`python -m posttrain.cli` process, whose exit status and traceback only a process shows."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 from conftest import sft_overrides, write_sft_jsonl
 
+from posttrain.cli import main
 
-def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+
+def _cli(*args: str, pythonpath: str | None = None) -> subprocess.CompletedProcess:
+    """`posttrain ARGS` in this process: its exit status and what it printed. `pythonpath`: a folder
+    importable during the call (a user's reward module; dropped from sys.modules after)."""
+    out, err = io.StringIO(), io.StringIO()
+    before = set(sys.modules)
+    with contextlib.ExitStack() as stack:
+        if pythonpath:
+            stack.enter_context(mock.patch.object(sys, "path", [pythonpath, *sys.path]))
+        stack.enter_context(mock.patch.dict(os.environ, {"POSTTRAIN_DEBUG": ""}))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse
+            code = e.code if isinstance(e.code, int) else 1
+    if pythonpath:
+        for name in set(sys.modules) - before:
+            if getattr(sys.modules[name], "__file__", "") and sys.modules[name].__file__.startswith(
+                pythonpath
+            ):
+                del sys.modules[name]
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def _cli_process(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "posttrain.cli", *args],
         capture_output=True,
@@ -72,7 +105,7 @@ def test_malformed_jsonl_row_names_file_row_and_field(tiny_model_dir, tmp_path, 
 def test_debug_shows_the_traceback(tiny_model_dir, tmp_path):
     data = _bad_rows(tmp_path / "train.jsonl", json.dumps({"prompt": "What is 1 + 1?"}))
     args = sft_overrides(tiny_model_dir, data, tmp_path / "run")
-    for result in (_cli("--debug", "sft", *args), _cli("sft", *args, POSTTRAIN_DEBUG="1")):
+    for result in (_cli_process("--debug", "sft", *args), _cli_process("sft", *args, POSTTRAIN_DEBUG="1")):
         assert result.returncode == 1
         assert "Traceback" in result.stderr
         assert result.stderr.rstrip().endswith(
@@ -122,11 +155,6 @@ def _grpo_args(model_dir, data, run_dir, **extra) -> list[str]:
     return ["grpo", *[f"{k}={v}" for k, v in settings.items()]]
 
 
-def _pythonpath(folder) -> str:
-    """`folder` first on the child's PYTHONPATH, the rest kept."""
-    return os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
-
-
 REWARDS = """
 def quarter(completion, metadata):
     return 0.25
@@ -144,7 +172,7 @@ def test_reward_fn_from_the_command_line_is_called(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = _grpo_args(tiny_model_dir, _tasks(tmp_path / "tasks.jsonl"), run_dir)
     env = ["environment.name=reward_fn", "environment.kwargs.reward_fn=my_rewards:quarter"]
-    result = _cli(*args, *env, PYTHONPATH=_pythonpath(tmp_path))
+    result = _cli(*args, *env, pythonpath=str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
@@ -179,7 +207,7 @@ def test_reward_fn_that_does_not_import_is_a_config_error(tiny_model_dir, tmp_pa
         ["grpo", "--print-config", *env],
         ["doctor", "--algorithm", "grpo", *env],
     ):
-        result = _cli(*command, PYTHONPATH=_pythonpath(tmp_path))
+        result = _cli(*command, pythonpath=str(tmp_path))
         assert result.returncode == 2, (command, result.stderr[-3000:])
         assert _error_lines(result) == [f"error: invalid config: `environment`: {message}."]
     assert not run_dir.exists()
@@ -191,7 +219,7 @@ def test_a_step_of_verifier_errors_stops_the_run(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = _grpo_args(tiny_model_dir, _tasks(tmp_path / "tasks.jsonl"), run_dir)
     env = ["environment.name=reward_fn", "environment.kwargs.reward_fn=my_rewards:broken"]
-    result = _cli(*args, *env, PYTHONPATH=_pythonpath(tmp_path))
+    result = _cli(*args, *env, pythonpath=str(tmp_path))
     assert result.returncode == 2, result.stderr[-3000:]
     assert _error_lines(result) == [
         "error: environment reward_fn: 8 of 8 samples could not be scored (verifier errors), more than "
@@ -200,7 +228,7 @@ def test_a_step_of_verifier_errors_stops_the_run(tiny_model_dir, tmp_path):
     ]
     assert not (run_dir / "checkpoints").exists()  # stopped in step 1, before any update or save
 
-    off = _cli(*args, *env, "environment.max_error_fraction=null", PYTHONPATH=_pythonpath(tmp_path))
+    off = _cli(*args, *env, "environment.max_error_fraction=null", pythonpath=str(tmp_path))
     assert off.returncode == 0, off.stderr[-3000:]
 
 
