@@ -41,8 +41,8 @@ Verdicts (`info["verdict"]`, chosen per task by `CodeEnvironment.verdict_kind`):
   count): a verdict for evaluating models, not for RL.
 - "none": such a task without `allow_sandbox_verdict`: the sample is not scored (status
   "no_verdict").
-Proven by `tests/unit/test_code_redteam.py` (89 wrong replies score 0, one per step and in one
-batch beside right solutions that score 1; 18 of them against the proxy) and
+Proven by `tests/unit/test_code_redteam.py` (159 wrong replies score 0, one per step and in one
+batch beside right solutions that score 1; 18 of them against the proxy, 70 on a docstring task) and
 `tests/unit/test_code_proxy.py`.
 
 A `SandboxError` (the sandbox itself failed; or the pool raised anything else for one program)
