@@ -19,6 +19,7 @@ RECIPES = {
     "grpo_sliding_puzzle_3x3.yaml": "env/first_move_optimal_rate",
     "grpo_calculator.yaml": "env/tool_call_rate",
     "grpo_code.yaml": "env/pass_rate",
+    "grpo_code_docstring.yaml": "env/pass_rate",
     "grpo_reasoning_gym.yaml": "env/tries_per_episode",
     "grpo_wordle.yaml": "env/solved_rate",
 }
@@ -26,7 +27,7 @@ RECIPES = {
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_recipe_runs_a_step(recipe: str, tiny_model_dir: Path, tmp_path: Path) -> None:
-    if recipe == "grpo_code.yaml":
+    if recipe.startswith("grpo_code"):
         from conftest import require_sandbox
 
         require_sandbox()
@@ -50,9 +51,15 @@ def test_recipe_runs_a_step(recipe: str, tiny_model_dir: Path, tmp_path: Path) -
     assert main(args) == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
+    # the reply length (generated tokens) is in the held-out curve, as in training's
+    assert all(r["val/response_length"] > 0 for r in rows if "val/accuracy" in r)
+    if recipe.startswith("grpo_code"):  # one turn of at most 6 new tokens
+        assert all(0 < r["val/response_length"] <= 6 for r in rows if "val/accuracy" in r)
     [step] = [r for r in rows if "reward/mean" in r]
     assert step["step"] == 1 and RECIPES[recipe] in step
-    assert 0.0 <= step["reward/mean"] <= 1.0 and step["episode/turns_mean"] >= 1
+    assert (
+        0.0 <= step["reward/mean"] <= 1.0 and step["episode/turns_mean"] >= 1 and step["response_length"] > 0
+    )
 
 
 def test_gdpo_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> None:

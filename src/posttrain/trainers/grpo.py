@@ -53,6 +53,7 @@ PLOTS = [
     "env/tool_call_rate",
     "episode/turns_mean",
     "val/accuracy",
+    "val/response_length",
     "pg_loss",
     "kl",
     "token_mult_prob_error",
