@@ -38,8 +38,8 @@ from posttrain.environments.interface import observation_messages  # noqa: E402
 from posttrain.environments.math import MathEnvironment  # noqa: E402
 from posttrain.environments.math_format import MathFormatEnvironment  # noqa: E402
 from posttrain.environments.openenv_env import EnvironmentServerError, OpenEnvEnvironment  # noqa: E402
-from posttrain.environments.sliding_puzzle import (  # noqa: E402
-    SlidingPuzzleEnvironment,
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment  # noqa: E402
+from posttrain.environments.sliding_puzzle_board import (  # noqa: E402
     apply_action,
     is_solved,
     legal_directions,

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 
 from posttrain.environments import ENVIRONMENTS, EpisodeStart, make_environment
-from posttrain.environments.sliding_puzzle import (
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, parse_action
+from posttrain.environments.sliding_puzzle_board import (
     IllegalMove,
-    SlidingPuzzleEnvironment,
     apply_action,
     is_solved,
     legal_directions,
-    parse_action,
     render,
     shuffled_grid,
     solve_bfs,

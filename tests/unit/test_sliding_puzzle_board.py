@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import ALGORITHM_CONFIGS, load_config
-from posttrain.environments.sliding_puzzle import (
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
+from posttrain.environments.sliding_puzzle_board import (
     DIRECTIONS,
     SPLITS,
     BlindBaseline,
-    SlidingPuzzleEnvironment,
     best_blind_sequence,
     blind_actions,
     blind_solved_rate,
@@ -310,7 +310,7 @@ def test_blind_solved_rate_per_budget_and_errors() -> None:
 
 
 def test_too_many_boards_to_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    import posttrain.environments.sliding_puzzle as sp
+    import posttrain.environments.sliding_puzzle_board as sp
 
     monkeypatch.setattr(sp, "MAX_LISTED_BOARDS", 50)
     monkeypatch.setattr(sp, "_NEAR_GOAL", {})

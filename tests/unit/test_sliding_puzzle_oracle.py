@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 
-from posttrain.environments.sliding_puzzle import (
-    SlidingPuzzleEnvironment,
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, oracle_transcript
+from posttrain.environments.sliding_puzzle_board import (
     apply_action,
     boards_near_goal,
     is_heldout,
     oracle_moves,
-    oracle_transcript,
     render,
     solution_length,
     solved_grid,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from posttrain.environments.sliding_puzzle import (
-    SlidingPuzzleEnvironment,
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
+from posttrain.environments.sliding_puzzle_board import (
     apply_action,
     is_solved,
     legal_directions,

@@ -11,7 +11,8 @@ from posttrain.config.rl import GRPOConfig
 from posttrain.config.rollout import EnvironmentConfig
 from posttrain.environments.interface import episode_turn_limit
 from posttrain.environments.reasoning_gym_env import ReasoningGymEnvironment
-from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, shuffled_grid
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment
+from posttrain.environments.sliding_puzzle_board import shuffled_grid
 
 ENV_CLASSES = {"sliding_puzzle": SlidingPuzzleEnvironment, "reasoning_gym": ReasoningGymEnvironment}
 
