@@ -28,7 +28,7 @@ from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
 from posttrain.algorithms.metrics import component_reward_metrics, scored_reward_metrics
 from posttrain.config.loss import AdvantageConfig
-from posttrain.config.rl import GRPOConfig, TeacherConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, flagged_turn_tokens
@@ -101,10 +101,6 @@ class GRPOTrainer(RLAlgorithm):
         self.tokenizer, self.teacher = self.runtime.tokenizer, self.runtime.teacher
 
     # ---------------------------------------------------------------- what the runtime builds
-    def teacher_config(self) -> TeacherConfig | None:
-        """The teacher of advantage.estimator=on_policy_distill, else None."""
-        return self.cfg.teacher
-
     def policy_workers(self, model_path: str) -> PolicyWorkers:
         """Plain policy workers; π_ref with a KL penalty; max_steps × updates_per_batch optimizer steps."""
         steps = self.loop.max_steps * self.loop.updates_per_batch

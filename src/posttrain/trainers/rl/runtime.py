@@ -129,11 +129,12 @@ class RLRuntime:
     def build_policy(
         self, tokenizer_path: str, transport: str | None
     ) -> tuple[ActorGroup, TeacherGroup | None]:
-        """The policy's worker group as the algorithm asks (`policy_workers`) and a teacher's group
-        (split teacher, or one held by the policy's workers: `StudentGroup`); no teacher: None."""
+        """The policy's worker group as the algorithm asks (`policy_workers`) and, when the config has
+        a `teacher` section, the teacher's group (split teacher, or one held by the policy's workers:
+        `StudentGroup`); else None."""
         cfg = self.cfg
         workers = self.algorithm.policy_workers(self.model_path)
-        teacher_cfg = self.algorithm.teacher_config()
+        teacher_cfg = getattr(cfg, "teacher", None)  # distill's; GRPO's with on_policy_distill
         teacher_path, teacher_cut, held_teacher = self.teacher_setup(teacher_cfg)
         policy = (StudentGroup if held_teacher else workers.group)(
             self.policy_cfg,
