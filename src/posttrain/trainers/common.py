@@ -23,7 +23,9 @@ from posttrain.checkpoint import Checkpointer
 from posttrain.checkpoint.checkpointer import resolve_resume
 from posttrain.config.common import CheckpointConfig
 from posttrain.config.loader import ConfigError, to_yaml
+from posttrain.config.rollout import GenerationConfig
 from posttrain.errors import UserError
+from posttrain.generation.sampling import SamplingParams
 
 RESUMABLE_CHANGES = (
     "*.max_steps",
@@ -136,6 +138,20 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def sampling_params(
+    generation: GenerationConfig, seed: int, temperature: float | None = None
+) -> SamplingParams:
+    """How `generation` samples (at `temperature` when given, else its own), with `seed`."""
+    return SamplingParams(
+        temperature=generation.temperature if temperature is None else temperature,
+        top_p=generation.top_p,
+        top_k=generation.top_k,
+        max_new_tokens=generation.max_new_tokens,
+        stop_strings=tuple(generation.stop_strings),
+        seed=seed,
+    )
 
 
 def save_controller_state(directory: Path, step: int, state: dict[str, Any], config: BaseModel) -> None:

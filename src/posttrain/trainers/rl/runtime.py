@@ -47,6 +47,7 @@ from posttrain.trainers.common import (
     load_controller_state,
     make_checkpointer,
     prepare_run_dir,
+    sampling_params,
     save_controller_state,
     seed_everything,
 )
@@ -173,18 +174,6 @@ class RLRuntime:
         return path, cut, held if teacher.placement == "colocated" else None
 
     # ---------------------------------------------------------------- rollouts
-    def sampling_params(self, *, validation: bool, seed: int) -> SamplingParams:
-        g = self.cfg.generation
-        temperature = self.loop.val_temperature if validation else g.temperature
-        return SamplingParams(
-            temperature=temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            max_new_tokens=g.max_new_tokens,
-            stop_strings=tuple(g.stop_strings),
-            seed=seed,
-        )
-
     def rollouts(
         self,
         problems: list[Task],
@@ -229,7 +218,7 @@ class RLRuntime:
         `partial_rollouts`: the workers may load newer weights between decode steps (async)."""
         problems = [self.train_problems[i] for i in self.sampler.next_batch()]
         seed = self.loop.seed * 1_000_003 + step * 101 + round_
-        params = self.sampling_params(validation=False, seed=seed)
+        params = sampling_params(self.cfg.generation, seed)
         if partial_rollouts:
             params = dataclasses.replace(params, partial_rollouts=True)
         return self.rollouts(problems, self.loop.generations_per_prompt, params, timer)
@@ -278,7 +267,7 @@ class RLRuntime:
                 self.policy,
                 self.generator,
                 self.probe_prompts,
-                self.sampling_params(validation=False, seed=self.loop.seed),
+                sampling_params(self.cfg.generation, self.loop.seed),
                 self.tokenizer.pad_token_id,
                 engine_dtype=self.engine_dtype,
             )
@@ -296,7 +285,7 @@ class RLRuntime:
     def validate_now(self) -> dict[str, float]:
         n = self.loop.val_samples_per_prompt
         start = time.perf_counter()
-        params = self.sampling_params(validation=True, seed=self.loop.seed)
+        params = sampling_params(self.cfg.generation, self.loop.seed, self.loop.val_temperature)
         # its own timer: validation's generation must not count in the next training step's timings
         r = self.rollouts(self.val_problems, n, params, timer=Timer(), progress="validation")
         correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in r.trajectories]
