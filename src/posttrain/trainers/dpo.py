@@ -27,7 +27,7 @@ from posttrain.algorithms.preference import (
     preference_logits,
     sequence_logprobs,
 )
-from posttrain.config.supervised import DPOConfig
+from posttrain.config.supervised import DPOConfig, PreferenceTrainerConfig
 from posttrain.data.preference import PreferenceBatch
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.trainers.loop import RunResult, run_loop
@@ -108,17 +108,7 @@ class DPO:
         return sequence_logprobs(token_lp, batch.loss_mask, average=self.loop.average_logprobs)
 
     def loss_fn(self, batch: PreferenceBatch) -> Any:
-        knobs = self.loop.model_dump(
-            include={
-                "loss_type",
-                "beta",
-                "label_smoothing",
-                "average_logprobs",
-                "sft_weight",
-                "preference_loss_weight",
-                "sft_normalization",
-            }  # fmt: skip
-        )
+        knobs = self.loop.model_dump(exclude=set(PreferenceTrainerConfig.model_fields))  # the loss's knobs
         chosen_tokens = max(1.0, float(batch.loss_mask[0::2].sum()))
         return functools.partial(dpo_loss, chosen_tokens=chosen_tokens, **knobs)
 

@@ -415,19 +415,6 @@ class RLRuntime:
 
     def fit(self, *, stop_after: int | None = None) -> RunResult:
         """`run_loop` on this runtime (from checkpoint.resume: the latest checkpoint by default); its
-        workers stay up for another call (`shutdown()` releases them)."""
-        return run_loop(_WorkersKept(self), stop_after=stop_after)
-
-
-class _WorkersKept:
-    """An `RLRuntime` as the run loop's `Trainer`, except that the loop's final `shutdown()` keeps the
-    workers (`RLRuntime.fit` may run again, and its caller reads the policy after it)."""
-
-    def __init__(self, runtime: RLRuntime) -> None:
-        self.runtime = runtime
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runtime, name)
-
-    def shutdown(self) -> None:
-        """Nothing: `RLRuntime.shutdown` releases the workers."""
+        workers stay up for another call and for the caller to read the policy (`shutdown()`
+        releases them)."""
+        return run_loop(self, stop_after=stop_after, keep_workers=True)
