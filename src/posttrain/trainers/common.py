@@ -164,16 +164,6 @@ def save_controller_state(directory: Path, step: int, state: dict[str, Any], con
     )
 
 
-def write_policy_checkpoint(
-    directory: Path, *, step: int, policy: Any, tokenizer: Any, state: dict[str, Any], config: BaseModel
-) -> None:
-    """Write into `directory` the policy (weights and optimizer), the tokenizer beside the weights in
-    model/ (so that folder loads on its own) and the controller's step, `state`, RNG and config."""
-    policy.save_checkpoint(directory)
-    tokenizer.save_pretrained(directory / "model")
-    save_controller_state(directory, step, state, config)
-
-
 def load_controller_state(directory: Path) -> dict[str, Any]:
     rng = torch.load(directory / "rng_controller.pt", weights_only=False)
     random.setstate(rng["python"])

@@ -8,7 +8,6 @@ checkpointer, the run's description, restore, save and shutdown. A subclass buil
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,8 +21,8 @@ from posttrain.trainers.common import (
     load_controller_state,
     make_checkpointer,
     prepare_run_dir,
+    save_controller_state,
     seed_everything,
-    write_policy_checkpoint,
 )
 from posttrain.trainers.loop import RunPlan
 
@@ -96,16 +95,16 @@ class EpochTrainer:
         return contextlib.nullcontext()
 
     def save(self, step: int, metrics: dict[str, float]) -> Path:
-        """Checkpoint the policy, tokenizer and controller; `metrics` (latest values) rank it for keep_best."""
+        """Checkpoint the policy (weights and optimizer), the tokenizer beside the weights in model/ (so
+        that folder loads on its own) and the controller's step, data order, RNG and config; `metrics`
+        (latest values) rank it for keep_best."""
         state = {"sampler": self.sampler.state_dict()}
-        write = functools.partial(
-            write_policy_checkpoint,
-            step=step,
-            policy=self.policy,
-            tokenizer=self.tokenizer,
-            state=state,
-            config=self.cfg,
-        )
+
+        def write(directory: Path) -> None:
+            self.policy.save_checkpoint(directory)
+            self.tokenizer.save_pretrained(directory / "model")
+            save_controller_state(directory, step, state, self.cfg)
+
         return self.checkpointer.save(step, write, metrics=metrics)
 
     def shutdown(self) -> None:

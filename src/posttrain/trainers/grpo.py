@@ -163,7 +163,7 @@ class GRPOTrainer(RLAlgorithm):
             self.add_logprobs(tokens)
         policy_lp = tokens.old_logprobs if tokens.old_logprobs is not None else tokens.generation_logprobs
         if kl_reward:
-            kl = reward_kl(loss, policy_lp, tokens.reference_logprobs, tokens.loss_mask)
+            kl = reward_kl(loss, tokens)
             metrics["reward/kl_penalty"] = float(loss.kl_beta * kl.sum(-1).mean())
         if self.teacher is not None:
             teacher_lp, student_lp = self.teacher_logprobs(tokens), policy_lp

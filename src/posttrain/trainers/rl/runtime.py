@@ -362,19 +362,16 @@ class RLRuntime:
         placement = cfg.generation.placement
         if self.split_generator is not None:
             placement += f", refit via {self.split_generator.transport}"
+        held_out = (
+            f"held out: {self.held_out_dropped} training problems are validation problems and were "
+            "dropped (data.exclude_validation_from_train)"
+        )
         return [
             f"{self.algorithm.name}: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
             f"{loop.prompts_per_step} prompts x {loop.generations_per_prompt} generations per step; "
             f"{loop.max_steps} steps; generation {cfg.generation.backend} ({placement}); "
             f"{self.algorithm.describe()}run dir {self.run_dir}",
-            *(
-                [
-                    f"held out: {self.held_out_dropped} training problems are validation problems and were "
-                    "dropped (data.exclude_validation_from_train)"
-                ]
-                if self.held_out_dropped
-                else []
-            ),
+            *([held_out] if self.held_out_dropped else []),
         ]
 
     @contextlib.contextmanager
