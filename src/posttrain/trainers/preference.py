@@ -1,10 +1,10 @@
 """The run DPO and reward-model training share: pairs in, one optimizer step per batch of pairs.
 
-`PreferenceTrainer` is the `Trainer` the run loop (`trainers/loop.py`) drives for both: the tokenizer,
-the pair datasets, the resumable data order, checkpoints and the run's description. What differs is an
-objective beside it (`PreferenceObjective`: DPO in dpo.py, the Bradley–Terry reward model in rm.py),
-which owns the policy workers, takes one optimizer step on a `PreferenceBatch` and computes the
-held-out metrics. Checkpoints are ranked for keep_best by `checkpoint.metric` (default `val/loss`,
+`PreferenceTrainer` is the `Trainer` the run loop (`trainers/loop.py`) drives for both: an `EpochTrainer`
+(epoch.py) over pair datasets, which batches pairs and averages held-out sums per pair. What differs is
+an objective beside it (`PreferenceObjective`: DPO in dpo.py, the Bradley–Terry reward model in rm.py),
+which owns the policy workers, takes one optimizer step on a `PreferenceBatch` and sums the held-out
+metrics of a batch. Checkpoints are ranked for keep_best by `checkpoint.metric` (default `val/loss`,
 which both log).
 """
 
