@@ -23,7 +23,9 @@ from posttrain.checkpoint import Checkpointer
 from posttrain.checkpoint.checkpointer import resolve_resume
 from posttrain.config.common import CheckpointConfig
 from posttrain.config.loader import ConfigError, to_yaml
+from posttrain.config.rollout import GenerationConfig
 from posttrain.errors import UserError
+from posttrain.generation.sampling import SamplingParams
 
 RESUMABLE_CHANGES = (
     "*.max_steps",
@@ -138,6 +140,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def sampling_params(
+    generation: GenerationConfig, seed: int, temperature: float | None = None
+) -> SamplingParams:
+    """How `generation` samples (at `temperature` when given, else its own), with `seed`."""
+    return SamplingParams(
+        temperature=generation.temperature if temperature is None else temperature,
+        top_p=generation.top_p,
+        top_k=generation.top_k,
+        max_new_tokens=generation.max_new_tokens,
+        stop_strings=tuple(generation.stop_strings),
+        seed=seed,
+    )
+
+
 def save_controller_state(directory: Path, step: int, state: dict[str, Any], config: BaseModel) -> None:
     """Step, data position and anything else of the controller's, plus its RNG and config."""
     (directory / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=2))
@@ -146,16 +162,6 @@ def save_controller_state(directory: Path, step: int, state: dict[str, Any], con
         {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         directory / "rng_controller.pt",
     )
-
-
-def write_policy_checkpoint(
-    directory: Path, *, step: int, policy: Any, tokenizer: Any, state: dict[str, Any], config: BaseModel
-) -> None:
-    """Write into `directory` the policy (weights and optimizer), the tokenizer beside the weights in
-    model/ (so that folder loads on its own) and the controller's step, `state`, RNG and config."""
-    policy.save_checkpoint(directory)
-    tokenizer.save_pretrained(directory / "model")
-    save_controller_state(directory, step, state, config)
 
 
 def load_controller_state(directory: Path) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 
 from posttrain.algorithms.distillation import distillation_loss
 from posttrain.algorithms.metrics import scored_reward_metrics
-from posttrain.config.rl import DistillConfig, TeacherConfig
+from posttrain.config.rl import DistillConfig
 from posttrain.distributed.student import DistillBatch
 from posttrain.distributed.teacher_group import StudentGroup
 from posttrain.models.distill_logprobs import StudentTopK
@@ -116,9 +116,6 @@ class DistillTrainer(RLAlgorithm):
         self.tokenizer, self.teacher = self.runtime.tokenizer, self.runtime.teacher
 
     # ---------------------------------------------------------------- what the runtime builds
-    def teacher_config(self) -> TeacherConfig:
-        return self.cfg.teacher
-
     def policy_workers(self, model_path: str) -> PolicyWorkers:
         """The student's workers (they train on the top-k divergence); no π_ref."""
         d = self.cfg.distill

@@ -27,11 +27,11 @@ from posttrain.algorithms.preference import (
     preference_logits,
     sequence_logprobs,
 )
-from posttrain.config.supervised import DPOConfig
+from posttrain.config.supervised import DPOConfig, PreferenceTrainerConfig
 from posttrain.data.preference import PreferenceBatch
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.trainers.loop import RunResult, run_loop
-from posttrain.trainers.preference import PreferenceTrainer, ValidationBatches
+from posttrain.trainers.preference import PreferenceTrainer
 
 
 def dpo_loss(
@@ -78,21 +78,6 @@ def dpo_loss(
     return loss, metrics
 
 
-def preference_scores(
-    policy_seq: torch.Tensor, reference_seq: torch.Tensor, *, beta: float
-) -> dict[str, torch.Tensor]:
-    """Per-pair held-out numbers from [2P] sequence logprobs: implicit-reward and likelihood preferences."""
-    chosen = beta * (policy_seq[0::2] - reference_seq[0::2])
-    rejected = beta * (policy_seq[1::2] - reference_seq[1::2])
-    reward_accuracy, margin = preference_accuracy_and_margin(chosen, rejected)
-    likelihood_accuracy, _ = preference_accuracy_and_margin(policy_seq[0::2], policy_seq[1::2])
-    return {
-        "reward_accuracy": reward_accuracy,
-        "reward_margin": margin,
-        "preference_accuracy": likelihood_accuracy,
-    }
-
-
 class DPO:
     """The DPO objective of a `PreferenceTrainer`: an actor group with the frozen reference policy."""
 
@@ -123,17 +108,7 @@ class DPO:
         return sequence_logprobs(token_lp, batch.loss_mask, average=self.loop.average_logprobs)
 
     def loss_fn(self, batch: PreferenceBatch) -> Any:
-        knobs = self.loop.model_dump(
-            include={
-                "loss_type",
-                "beta",
-                "label_smoothing",
-                "average_logprobs",
-                "sft_weight",
-                "preference_loss_weight",
-                "sft_normalization",
-            }  # fmt: skip
-        )
+        knobs = self.loop.model_dump(exclude=set(PreferenceTrainerConfig.model_fields))  # the loss's knobs
         chosen_tokens = max(1.0, float(batch.loss_mask[0::2].sum()))
         return functools.partial(dpo_loss, chosen_tokens=chosen_tokens, **knobs)
 
@@ -142,29 +117,22 @@ class DPO:
         out = self.policy.train(batch, self.loss_fn(batch), float(batch.num_pairs))
         return {**out.loss_metrics, "grad_norm": out.grad_norm, "lr": out.lr, "tokens": out.num_tokens}
 
-    def validate(self, batches: ValidationBatches) -> dict[str, float]:
-        """Held-out loss, implicit-reward accuracy/margin, and the share of pairs where π prefers the chosen."""
-        totals: dict[str, float] = {}
-        pairs = 0
-        for k, batch in batches:
-            if k not in self._val_reference:  # the reference is frozen: score the held-out set once
-                self._val_reference[k] = self.reference_sequence_logprobs(batch)
-            batch.reference_logps = self._val_reference[k]
-            seq = sequence_logprobs(
-                self.policy.logprobs(batch), batch.loss_mask, average=self.loop.average_logprobs
-            )
-            h = preference_logits(
-                seq[0::2], seq[1::2], batch.reference_logps[0::2], batch.reference_logps[1::2]
-            )
-            losses = PREFERENCE_LOSSES[self.loop.loss_type](
-                h, beta=self.loop.beta, label_smoothing=self.loop.label_smoothing
-            )
-            scores = preference_scores(seq, batch.reference_logps, beta=self.loop.beta)
-            totals["loss"] = totals.get("loss", 0.0) + float(losses.sum())
-            for name, values in scores.items():
-                totals[name] = totals.get(name, 0.0) + float(values.sum())
-            pairs += batch.num_pairs
-        return {f"val/{name}": value / max(pairs, 1) for name, value in totals.items()}
+    def validation_sums(self, k: int, batch: PreferenceBatch) -> dict[str, float]:
+        """Held-out loss (the preference term), implicit-reward accuracy and margin, and whether π
+        prefers the chosen (likelihood), summed over the batch's pairs."""
+        if k not in self._val_reference:  # the reference is frozen: score the held-out set once
+            self._val_reference[k] = self.reference_sequence_logprobs(batch)
+        batch.reference_logps = self._val_reference[k]
+        token_lp = self.policy.logprobs(batch)
+        _, metrics = self.loss_fn(batch)(token_lp, batch, 1.0)
+        seq = sequence_logprobs(token_lp, batch.loss_mask, average=self.loop.average_logprobs)
+        likelihood_accuracy, _ = preference_accuracy_and_margin(seq[0::2], seq[1::2])
+        return {
+            "loss": metrics["preference_loss"],
+            "reward_accuracy": metrics["rewards/accuracy"],
+            "reward_margin": metrics["rewards/margin"],
+            "preference_accuracy": float(likelihood_accuracy.sum()),
+        }
 
 
 def run_dpo(cfg: DPOConfig, *, stop_after: int | None = None) -> RunResult:

@@ -32,13 +32,12 @@ from posttrain.config.eval import EvalConfig
 from posttrain.config.rollout import episode_token_budget
 from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.group import EnvironmentGroup
-from posttrain.generation.sampling import SamplingParams
 from posttrain.generation.text_generation import LocalGenerator
 from posttrain.logging.timer import Timer
 from posttrain.modeling.tokenizer import load_tokenizer, require_chat_template
 from posttrain.rollout.rollout import Rollouts, run_rollouts, transcript
 from posttrain.rollout.tasks import load_tasks
-from posttrain.trainers.common import prepare_run_dir, seed_everything
+from posttrain.trainers.common import prepare_run_dir, sampling_params, seed_everything
 
 
 @dataclass
@@ -102,18 +101,6 @@ def summarize(correct: list[list[bool]], answers: list[list[str | None]], ks: li
     return out
 
 
-def sampling_params(cfg: EvalConfig) -> SamplingParams:
-    g = cfg.generation
-    return SamplingParams(
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k,
-        max_new_tokens=g.max_new_tokens,
-        stop_strings=tuple(g.stop_strings),
-        seed=cfg.sampling.seed,
-    )
-
-
 def model_max_len(model_dir: str, max_seq_len: int) -> int:
     """`max_seq_len`, capped at the model's own position limit (`max_position_embeddings`)."""
     from transformers import AutoConfig
@@ -146,10 +133,11 @@ def sample_records(rollouts: Rollouts, n: int) -> list[SampleRecord]:
     return records
 
 
-def write_outputs(out_dir: Path, summary: dict[str, Any], records: list[SampleRecord]) -> None:
+def write_outputs(out_dir: Path, summary: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+    """samples.jsonl (one row per sample) and summary.json."""
     with open(out_dir / "samples.jsonl", "w") as f:
-        for r in records:
-            f.write(json.dumps(asdict(r)) + "\n")
+        for row in samples:
+            f.write(json.dumps(row) + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -174,7 +162,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
     max_seq_len = model_max_len(source.model, cfg.max_seq_len)
     with EnvironmentGroup(env_cfg.name, env_cfg.kwargs, backend="local") as env:
         n = cfg.sampling.samples_per_prompt
-        params = sampling_params(cfg)
+        params = sampling_params(cfg.generation, cfg.sampling.seed)
         generator = LocalGenerator(
             source.model,
             tokenizer,
@@ -225,7 +213,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
         "generated_tokens_per_s": tokens / max(generation_s, 1e-9),
         **{k: v for k, v in rollouts.env_metrics.items() if k.startswith(("env/", "episode/"))},
     }
-    write_outputs(out_dir, summary, records)
+    write_outputs(out_dir, summary, [asdict(r) for r in records])
     return EvalResult(out_dir, summary, records)
 
 
@@ -272,8 +260,6 @@ def run_loss_eval(cfg: EvalConfig, model_dir: str, tokenizer: Any, out_dir: Path
         "num_truncated": data.num_truncated,
         "num_dropped": data.num_dropped,
     }
-    with open(out_dir / "samples.jsonl", "w") as f:
-        for i, (nll, count) in enumerate(rows):
-            f.write(json.dumps({"index": i, "nll_sum": nll, "target_tokens": count}) + "\n")
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    samples = [{"index": i, "nll_sum": nll, "target_tokens": count} for i, (nll, count) in enumerate(rows)]
+    write_outputs(out_dir, summary, samples)
     return EvalResult(out_dir, summary, [])

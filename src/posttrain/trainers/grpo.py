@@ -28,7 +28,7 @@ from posttrain.algorithms.dapo import overlong_filter_mask
 from posttrain.algorithms.estimators import AdvantageInputs, estimate_advantages
 from posttrain.algorithms.metrics import component_reward_metrics, scored_reward_metrics
 from posttrain.config.loss import AdvantageConfig
-from posttrain.config.rl import GRPOConfig, TeacherConfig
+from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor_group import ActorGroup
 from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, flagged_turn_tokens
@@ -102,10 +102,6 @@ class GRPOTrainer(RLAlgorithm):
         self.tokenizer, self.teacher = self.runtime.tokenizer, self.runtime.teacher
 
     # ---------------------------------------------------------------- what the runtime builds
-    def teacher_config(self) -> TeacherConfig | None:
-        """The teacher of advantage.estimator=on_policy_distill, else None."""
-        return self.cfg.teacher
-
     def policy_workers(self, model_path: str) -> PolicyWorkers:
         """Plain policy workers; π_ref with a KL penalty; max_steps × updates_per_batch optimizer steps."""
         steps = self.loop.max_steps * self.loop.updates_per_batch
@@ -168,7 +164,7 @@ class GRPOTrainer(RLAlgorithm):
             self.add_logprobs(tokens)
         policy_lp = tokens.old_logprobs if tokens.old_logprobs is not None else tokens.generation_logprobs
         if kl_reward:
-            kl = reward_kl(loss, policy_lp, tokens.reference_logprobs, tokens.loss_mask)
+            kl = reward_kl(loss, tokens)
             metrics["reward/kl_penalty"] = float(loss.kl_beta * kl.sum(-1).mean())
         if self.teacher is not None:
             teacher_lp, student_lp = self.teacher_logprobs(tokens), policy_lp

@@ -15,7 +15,7 @@ and a `RunPlan`. `run_loop` owns everything around the steps and returns one `Ru
   most the step in flight. A signal then ends the call with KeyboardInterrupt after printing where
   the run resumes from; a lost worker (`WorkerLostError`) is re-raised naming the latest checkpoint.
 - Whatever happens, the run summary is printed, the loggers closed, the plots drawn
-  (`logging.plots`) and `trainer.shutdown()` called.
+  (`logging.plots`) and `trainer.shutdown()` called (unless `keep_workers`: another call may follow).
 """
 
 from __future__ import annotations
@@ -103,9 +103,9 @@ class Trainer(Protocol):
     def shutdown(self) -> None: ...
 
 
-def run_loop(trainer: Trainer, *, stop_after: int | None = None) -> RunResult:
+def run_loop(trainer: Trainer, *, stop_after: int | None = None, keep_workers: bool = False) -> RunResult:
     """Run `trainer` to the end of its plan (see the module docstring); `stop_after` ends this call
-    after that many steps (a later call resumes)."""
+    after that many steps (a later call resumes); `keep_workers` leaves the trainer's workers up."""
     cfg, plan = trainer.cfg, trainer.plan
     logger: MetricsLogger | None = None
     result: RunResult | None = None
@@ -131,11 +131,14 @@ def run_loop(trainer: Trainer, *, stop_after: int | None = None) -> RunResult:
     except WorkerLostError as e:
         raise e.with_checkpoint(trainer.checkpointer.latest()) from None
     finally:
-        _finish(trainer, logger, result)
+        _finish(trainer, logger, result, keep_workers)
 
 
-def _finish(trainer: Trainer, logger: MetricsLogger | None, result: RunResult | None) -> None:
-    """The run summary, closed loggers and plots (once the logger exists); the workers shut down."""
+def _finish(
+    trainer: Trainer, logger: MetricsLogger | None, result: RunResult | None, keep_workers: bool
+) -> None:
+    """The run summary, closed loggers and plots (once the logger exists); the workers shut down
+    unless `keep_workers`."""
     try:
         if logger is not None:
             if result is not None:
@@ -144,7 +147,8 @@ def _finish(trainer: Trainer, logger: MetricsLogger | None, result: RunResult | 
             if trainer.cfg.logging.plots:
                 plot_run(trainer.run_dir, list(trainer.plan.plots))
     finally:
-        trainer.shutdown()
+        if not keep_workers:
+            trainer.shutdown()
 
 
 class _Steps:

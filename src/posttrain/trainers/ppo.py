@@ -193,8 +193,7 @@ class PPOTrainer(RLAlgorithm):
         if not (loss.kl_in_reward and loss.kl_beta > 0):
             return None
         self.add_logprobs(batch)
-        policy_lp = batch.old_logprobs if batch.old_logprobs is not None else batch.generation_logprobs
-        return reward_kl(loss, policy_lp, batch.reference_logprobs, batch.loss_mask)
+        return reward_kl(loss, batch)
 
     def make_batch(self, rollouts: Rollouts) -> tuple[PPOBatch, dict[str, float]]:
         """The batch, built once after its parts: per-token rewards (the KL reward's logprobs first),
@@ -268,10 +267,6 @@ class PPOTrainer(RLAlgorithm):
             "advantages/std": adv_std,
         }
 
-    def policy_trains(self) -> bool:
-        """False during the critic's warm-up (the first `ppo.critic_warmup_steps` steps)."""
-        return self.current_step >= self.cfg.ppo.critic_warmup_steps
-
     def epoch_minibatches(
         self, batch: PPOBatch, epoch: int, parts: int | None = None, *, shuffle_first: bool = False
     ) -> list[PPOBatch]:
@@ -330,7 +325,7 @@ class PPOTrainer(RLAlgorithm):
     def train_on(self, batch: PPOBatch) -> dict[str, float]:
         """The critic's epochs, then, once the warm-up is over, the policy's (the two models are
         independent: the advantages were computed from the values before either trains)."""
-        train_policy = self.policy_trains()
+        train_policy = self.current_step >= self.cfg.ppo.critic_warmup_steps
         metrics: dict[str, float] = {"critic/warmup": float(not train_policy)}
         if train_policy:
             self.add_logprobs(batch)  # π_old before any update

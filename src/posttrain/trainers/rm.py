@@ -21,7 +21,7 @@ from posttrain.data.preference import PreferenceBatch
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.models.reward_model import RewardPolicy
 from posttrain.trainers.loop import RunResult, run_loop
-from posttrain.trainers.preference import PreferenceTrainer, ValidationBatches
+from posttrain.trainers.preference import PreferenceTrainer
 
 
 def rm_loss(
@@ -69,19 +69,10 @@ class RewardModel:
         out = self.policy.train(batch, rm_loss, float(batch.num_pairs))
         return {**out.loss_metrics, "grad_norm": out.grad_norm, "lr": out.lr, "tokens": out.num_tokens}
 
-    def validate(self, batches: ValidationBatches) -> dict[str, float]:
-        """Held-out Bradley–Terry loss, accuracy and margin over all validation pairs."""
-        totals = {"loss": 0.0, "accuracy": 0.0, "margin": 0.0}
-        pairs = 0
-        for _, batch in batches:
-            scores = self.policy.scores(batch)
-            chosen, rejected = scores[0::2], scores[1::2]
-            accuracy, margin = preference_accuracy_and_margin(chosen, rejected)
-            totals["loss"] += float(bradley_terry_loss(chosen, rejected).sum())
-            totals["accuracy"] += float(accuracy.sum())
-            totals["margin"] += float(margin.sum())
-            pairs += batch.num_pairs
-        return {f"val/{name}": value / max(pairs, 1) for name, value in totals.items()}
+    def validation_sums(self, k: int, batch: PreferenceBatch) -> dict[str, float]:
+        """Held-out Bradley–Terry loss, accuracy and margin, summed over the batch's pairs."""
+        _, metrics = rm_loss(self.policy.scores(batch), batch, 1.0)
+        return {name: metrics[name] for name in ("loss", "accuracy", "margin")}
 
 
 def run_rm(cfg: RMConfig, *, stop_after: int | None = None) -> RunResult:

@@ -49,19 +49,19 @@ def shaped_rewards(cfg: Any, rollouts: Rollouts) -> torch.Tensor:
     return rewards
 
 
-def reward_kl(
-    loss: Any, policy_logprobs: torch.Tensor, reference_logprobs: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """[B, T] per-token KL(π || π_ref) estimates (loss.kl_estimator and its clamps, float64) on the
-    tokens where `mask` is set, 0 elsewhere: the KL that `loss.kl_in_reward` puts into the reward."""
+def reward_kl(loss: Any, batch: RLBatch) -> torch.Tensor:
+    """[B, T] per-token KL(π_old || π_ref) estimates (loss.kl_estimator and its clamps, float64) on the
+    batch's loss tokens, 0 elsewhere: the KL that `loss.kl_in_reward` puts into the reward. π_old: the
+    batch's old logprobs, else the generator's (one update on an on-policy batch: the same policy)."""
+    policy = batch.old_logprobs if batch.old_logprobs is not None else batch.generation_logprobs
     kl = kl_estimate(
-        policy_logprobs.double(),
-        reference_logprobs.double(),
+        policy.double(),
+        batch.reference_logprobs.double(),
         loss.kl_estimator,
         input_clamp=loss.kl_input_clamp,
         output_clamp=loss.kl_output_clamp,
     )
-    return torch.where(mask.bool(), kl, torch.zeros_like(kl))
+    return torch.where(batch.loss_mask.bool(), kl, torch.zeros_like(kl))
 
 
 def loss_normalizers(cfg: Any, batch: RLBatch) -> tuple[float, float]:

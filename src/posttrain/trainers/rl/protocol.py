@@ -68,10 +68,6 @@ class RLAlgorithm(Protocol):
     async_mode: bool = False
     """Whether generation runs ahead of training (GRPO's `grpo.async_mode`); default no."""
 
-    def teacher_config(self) -> Any:
-        """The teacher's config (a `TeacherConfig`) when the algorithm needs one; default None."""
-        return None
-
     def describe(self) -> str:
         """More of the run's first log line ("" or a sentence ending in "; "); default ""."""
         return ""

@@ -47,6 +47,7 @@ from posttrain.trainers.common import (
     load_controller_state,
     make_checkpointer,
     prepare_run_dir,
+    sampling_params,
     save_controller_state,
     seed_everything,
 )
@@ -129,11 +130,12 @@ class RLRuntime:
     def build_policy(
         self, tokenizer_path: str, transport: str | None
     ) -> tuple[ActorGroup, TeacherGroup | None]:
-        """The policy's worker group as the algorithm asks (`policy_workers`) and a teacher's group
-        (split teacher, or one held by the policy's workers: `StudentGroup`); no teacher: None."""
+        """The policy's worker group as the algorithm asks (`policy_workers`) and, when the config has
+        a `teacher` section, the teacher's group (split teacher, or one held by the policy's workers:
+        `StudentGroup`); else None."""
         cfg = self.cfg
         workers = self.algorithm.policy_workers(self.model_path)
-        teacher_cfg = self.algorithm.teacher_config()
+        teacher_cfg = getattr(cfg, "teacher", None)  # distill's; GRPO's with on_policy_distill
         teacher_path, teacher_cut, held_teacher = self.teacher_setup(teacher_cfg)
         policy = (StudentGroup if held_teacher else workers.group)(
             self.policy_cfg,
@@ -172,18 +174,6 @@ class RLRuntime:
         return path, cut, held if teacher.placement == "colocated" else None
 
     # ---------------------------------------------------------------- rollouts
-    def sampling_params(self, *, validation: bool, seed: int) -> SamplingParams:
-        g = self.cfg.generation
-        temperature = self.loop.val_temperature if validation else g.temperature
-        return SamplingParams(
-            temperature=temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            max_new_tokens=g.max_new_tokens,
-            stop_strings=tuple(g.stop_strings),
-            seed=seed,
-        )
-
     def rollouts(
         self,
         problems: list[Task],
@@ -228,7 +218,7 @@ class RLRuntime:
         `partial_rollouts`: the workers may load newer weights between decode steps (async)."""
         problems = [self.train_problems[i] for i in self.sampler.next_batch()]
         seed = self.loop.seed * 1_000_003 + step * 101 + round_
-        params = self.sampling_params(validation=False, seed=seed)
+        params = sampling_params(self.cfg.generation, seed)
         if partial_rollouts:
             params = dataclasses.replace(params, partial_rollouts=True)
         return self.rollouts(problems, self.loop.generations_per_prompt, params, timer)
@@ -277,7 +267,7 @@ class RLRuntime:
                 self.policy,
                 self.generator,
                 self.probe_prompts,
-                self.sampling_params(validation=False, seed=self.loop.seed),
+                sampling_params(self.cfg.generation, self.loop.seed),
                 self.tokenizer.pad_token_id,
                 engine_dtype=self.engine_dtype,
             )
@@ -295,7 +285,7 @@ class RLRuntime:
     def validate_now(self) -> dict[str, float]:
         n = self.loop.val_samples_per_prompt
         start = time.perf_counter()
-        params = self.sampling_params(validation=True, seed=self.loop.seed)
+        params = sampling_params(self.cfg.generation, self.loop.seed, self.loop.val_temperature)
         # its own timer: validation's generation must not count in the next training step's timings
         r = self.rollouts(self.val_problems, n, params, timer=Timer(), progress="validation")
         correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in r.trajectories]
@@ -372,19 +362,16 @@ class RLRuntime:
         placement = cfg.generation.placement
         if self.split_generator is not None:
             placement += f", refit via {self.split_generator.transport}"
+        held_out = (
+            f"held out: {self.held_out_dropped} training problems are validation problems and were "
+            "dropped (data.exclude_validation_from_train)"
+        )
         return [
             f"{self.algorithm.name}: {len(self.train_problems)} train / {len(self.val_problems)} validation problems; "
             f"{loop.prompts_per_step} prompts x {loop.generations_per_prompt} generations per step; "
             f"{loop.max_steps} steps; generation {cfg.generation.backend} ({placement}); "
             f"{self.algorithm.describe()}run dir {self.run_dir}",
-            *(
-                [
-                    f"held out: {self.held_out_dropped} training problems are validation problems and were "
-                    "dropped (data.exclude_validation_from_train)"
-                ]
-                if self.held_out_dropped
-                else []
-            ),
+            *([held_out] if self.held_out_dropped else []),
         ]
 
     @contextlib.contextmanager
@@ -425,19 +412,6 @@ class RLRuntime:
 
     def fit(self, *, stop_after: int | None = None) -> RunResult:
         """`run_loop` on this runtime (from checkpoint.resume: the latest checkpoint by default); its
-        workers stay up for another call (`shutdown()` releases them)."""
-        return run_loop(_WorkersKept(self), stop_after=stop_after)
-
-
-class _WorkersKept:
-    """An `RLRuntime` as the run loop's `Trainer`, except that the loop's final `shutdown()` keeps the
-    workers (`RLRuntime.fit` may run again, and its caller reads the policy after it)."""
-
-    def __init__(self, runtime: RLRuntime) -> None:
-        self.runtime = runtime
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runtime, name)
-
-    def shutdown(self) -> None:
-        """Nothing: `RLRuntime.shutdown` releases the workers."""
+        workers stay up for another call and for the caller to read the policy (`shutdown()`
+        releases them)."""
+        return run_loop(self, stop_after=stop_after, keep_workers=True)
