@@ -67,7 +67,7 @@ class TaskSourceConfig(Strict):
     system_prompt: str | None = None
     example_turns: list[ChatTurn] = Field(
         default_factory=list,
-        description="Worked examples before each row's messages (as data.example_turns); [] : none.",
+        description="Worked examples before each row's messages (as data.example_turns); []: none.",
     )
 
     @model_validator(mode="after")
@@ -221,10 +221,11 @@ def check_counts(sources: dict[str, TaskSourceConfig], prompts: int, loop: str) 
 
 
 def check_all_used(sources: dict[str, TaskSourceConfig], named: dict[str, EnvironmentConfig]) -> None:
-    """When every source names its environment, every named environment is one of them."""
-    used = {s.environment for s in sources.values()}
-    if None in used:
+    """When every source generates its tasks (rows of a file may name any environment), every named
+    environment is one of theirs."""
+    if any(s.train.path is not None for s in sources.values()):
         return  # rows name theirs: known once the data is read
+    used = {s.environment for s in sources.values()}
     unused = sorted(set(named) - used)
     if unused:
         raise ValueError(
