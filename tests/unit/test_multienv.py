@@ -429,3 +429,11 @@ def test_validation_metrics_per_environment_by_hand() -> None:
     )
     assert metrics["val/a/env/x"] == 0.25 and metrics["val/b/env/y"] == 0.75
     assert not any(k.startswith("val/c/") for k in metrics) and "val/a/episode/turns_mean" not in metrics
+
+
+def test_the_mixture_sampler_describes_its_sources() -> None:
+    sampler = MixtureSampler([6, 4], [3, 1], seed=0, names=["data.sources.a", "data.sources.b"])
+    assert (
+        sampler.describe()
+        == "sources: data.sources.a 6 tasks, 3 per batch; data.sources.b 4 tasks, 1 per batch"
+    )

@@ -165,6 +165,7 @@ class MixtureSampler:
                     f"{label} has {size} tasks and would give {count} of every batch; it needs at least "
                     f"that many tasks and a count of at least 1"
                 )
+        self.labels = labels
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         self.samplers = [
             EpochSampler(n, k, seed=seed + i) for i, (n, k) in enumerate(zip(sizes, counts, strict=True))
@@ -174,6 +175,14 @@ class MixtureSampler:
         picks = [[o + j for j in s.next_batch()] for o, s in zip(self.offsets, self.samplers, strict=True)]
         turns = max(len(p) for p in picks)
         return [p[t] for t in range(turns) for p in picks if t < len(p)]
+
+    def describe(self) -> str:
+        """Each source's size and share of a batch, for the run's first lines."""
+        parts = [
+            f"{label} {s.num_items} tasks, {s.batch_size} per batch"
+            for label, s in zip(self.labels, self.samplers, strict=True)
+        ]
+        return "sources: " + "; ".join(parts)
 
     def state_dict(self) -> dict:
         return {"sources": [s.state_dict() for s in self.samplers]}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config.rollout import EnvironmentConfig, episode_token_budget
-from posttrain.data.batching import EpochSampler
+from posttrain.data.batching import EpochSampler, MixtureSampler
 from posttrain.data.tasks import Task
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import check_refit
@@ -454,6 +454,7 @@ class RLRuntime:
                 if self.held_out_dropped
                 else []
             ),
+            *([self.sampler.describe()] if isinstance(self.sampler, MixtureSampler) else []),
         ]
 
     @contextlib.contextmanager
