@@ -73,12 +73,15 @@ def anchor(cls: type) -> str:
 
 
 def model_class(annotation: Any) -> type | None:
-    """The BaseModel class in `X`, `X | None`, else None (a list of models is a value, not a section)."""
+    """The BaseModel class in `X`, `X | None`, or of the values of `dict[str, X]` (named sections such
+    as `environments`, each that section), else None (a list of models is a value, not a section)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    if get_origin(annotation) in (list, tuple, dict):
+    if get_origin(annotation) is dict:
+        return model_class(get_args(annotation)[1])
+    if get_origin(annotation) in (list, tuple):
         return None
-    found = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    found = [m for a in get_args(annotation) if (m := model_class(a)) is not None]
     return found[0] if len(found) == 1 else None
 
 
@@ -93,8 +96,12 @@ def rows(model: BaseModel, shared: set[type], prefix: str = "") -> list[str]:
     other nested sections are expanded in place."""
     out = []
     for name, info in type(model).model_fields.items():
-        key, value = f"{prefix}{name}", getattr(model, name)
-        nested = model_class(info.annotation)
+        key, nested = f"{prefix}{name}", model_class(info.annotation)
+        if info.is_required():  # no default: a key the user must give
+            kind = anchor(nested) if nested in shared else f"`{cell(type_name(info.annotation))}`"
+            out.append(f"| {key_cell(key)} | {kind} | required | {cell(info.description or '')} |")
+            continue
+        value = getattr(model, name)
         if isinstance(value, BaseModel) and type(value) in shared:
             cls = type(value)
             out.append(f"| {key_cell(key)} | {anchor(cls)} | | {cell(info.description or doc_line(cls))} |")

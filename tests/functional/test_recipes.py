@@ -62,6 +62,47 @@ def test_recipe_runs_a_step(recipe: str, tiny_model_dir: Path, tmp_path: Path) -
     )
 
 
+def test_multi_env_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """examples/configs/grpo_multi_env.yaml: math, the calculator tool and the sliding puzzle in one
+    step, one prompt of each (weights 1, 1, 1 of 3 prompts); every environment's metrics and its
+    held-out accuracy are logged beside the overall ones."""
+    run_dir = tmp_path / "run"
+    sizes = []
+    for source, kind in (
+        ("sums", "reasoning_gym"),
+        ("products", "environment_tasks"),
+        ("puzzles", "environment_tasks"),
+    ):
+        sizes += [
+            f"data.sources.{source}.train.{kind}.size=8",
+            f"data.sources.{source}.validation.{kind}.size=2",
+        ]
+    args = [
+        "grpo",
+        "--config",
+        "examples/configs/grpo_multi_env.yaml",
+        f"policy.model_name={tiny_model_dir}",
+        *sizes,
+        "grpo.max_steps=1",
+        "grpo.prompts_per_step=3",
+        "grpo.generations_per_prompt=2",
+        "grpo.val_every=1",
+        "generation.max_new_tokens=6",
+        "cluster.backend=local",
+        "logging.tensorboard=false",
+        f"logging.run_dir={run_dir}",
+    ]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    names = ("math", "calculator", "puzzle")
+    for row in (r for r in rows if "val/accuracy" in r):
+        assert all(0.0 <= row[f"val/{name}/accuracy"] <= 1.0 for name in names)
+    [step] = [r for r in rows if "reward/mean" in r]
+    assert [step[f"{name}/share"] for name in names] == [pytest.approx(1 / 3)] * 3
+    assert "calculator/env/tool_call_rate" in step and "puzzle/env/illegal_action_rate" in step
+    assert step["math/episode/turns_max"] == 1.0 and step["calculator/episode/turns_mean"] >= 1.0
+
+
 def test_gdpo_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> None:
     """examples/configs/grpo_gdpo.yaml: the math_format environment's two named rewards reach the
     gdpo advantage (each component's mean logged, the reward their sum, at most 1 + 0.2)."""

@@ -115,3 +115,17 @@ def test_key_cells_never_break_inside() -> None:
     css = (ROOT / "docs/stylesheets/config.css").read_text()
     assert re.search(r"code\.cfg-key \{[^}]*white-space: nowrap;", css)
     assert "stylesheets/config.css" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_named_sections_link_their_class_and_required_keys_say_so() -> None:
+    """`environments: dict[str, EnvironmentConfig]` links the section of its values; a key without a
+    default (a source's `train`) is marked required."""
+    text = _generator().render()
+    grpo = _section(text, "## posttrain grpo")
+    assert (
+        f"| {key('environments')} | dict[str, [`EnvironmentConfig`](#environmentconfig)] or null | `null` |"
+        in grpo
+    )
+    source = _section(text, "### TaskSourceConfig")
+    assert f"| {key('train')} | [`DatasetConfig`](#datasetconfig) | required |" in source
+    assert f"| {key('weight')} | float | `1.0` |" in source

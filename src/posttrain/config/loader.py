@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from posttrain.config.common import quickstart_keys_to_drop
+from posttrain.config.multienv import drop_replaced_defaults
 from posttrain.errors import UserError
 
 T = TypeVar("T", bound=BaseModel)
@@ -167,6 +168,7 @@ def config_from_data(model: type[T], data: dict) -> T:
     task unless it sets them (`posttrain.config.common.quickstart_keys_to_drop`): no validation split,
     no worked example turns."""
     defaults = model().model_dump()
+    drop_replaced_defaults(defaults, data)
     user_data = data.get("data")
     if isinstance(defaults.get("data"), dict) and isinstance(user_data, dict):
         defaults["data"].update(quickstart_keys_to_drop(user_data, defaults["data"]))

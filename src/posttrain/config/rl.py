@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from posttrain.config.common import (
     _GRPO_ARITH_KWARGS,
@@ -26,7 +26,20 @@ from posttrain.config.common import (
     generated_problems,
 )
 from posttrain.config.loss import AdvantageConfig, DAPOConfig, LossConfig
-from posttrain.config.rollout import EnvironmentConfig, GenerationConfig, check_episode_budget
+from posttrain.config.multienv import (
+    TaskSourceConfig,
+    check_environments,
+    check_sources_alone,
+    named_environment_entries,
+    without_unused_data_keys,
+    without_unused_sections,
+)
+from posttrain.config.rollout import (
+    EnvironmentConfig,
+    GenerationConfig,
+    check_episode_budget,
+    environment_sections,
+)
 
 
 class GRPODataConfig(PromptsConfig):
@@ -42,6 +55,22 @@ class GRPODataConfig(PromptsConfig):
         "without messages (an environment's reset makes them) are not compared: such environments keep "
         "their pools apart themselves (e.g. environment_tasks.split).",
     )
+    sources: dict[str, TaskSourceConfig] | None = Field(
+        None,
+        description="A run over several environments (`environments`): the named sources of its tasks, "
+        "each with its splits, its environment (or rows that name theirs in `task_name`), its share of "
+        "every batch (`weight`) and its own prompt settings, in place of data.train, data.validation, "
+        "prompt_template, system_prompt and example_turns. null: data.train (and data.validation).",
+    )
+
+    @model_validator(mode="after")
+    def _sources_alone(self) -> GRPODataConfig:
+        check_sources_alone(self)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return without_unused_data_keys(self, handler(self))
 
 
 class RLLoopConfig(Strict):
@@ -135,6 +164,7 @@ def check_rl_config(cfg: Any, loop: str) -> None:
     they cannot drift apart. `loop`: the name of its loop section (grpo, ppo, distill, ...), an
     `RLLoopConfig`. Raises ValueError; warns with ConfigWarning."""
     cfg.generation.check_lora_adapter(cfg.policy.lora)
+    check_environments(cfg, loop)
     if cfg.generation.placement == "split":
         cfg.generation.check_refit_transport(cfg.cluster, sharded=cfg.policy.split_weights)
     check_minibatches(loop, getattr(cfg, loop), cfg.cluster.policy_workers(), "policy")
@@ -249,14 +279,31 @@ class RLConfig(Strict):
     data: GRPODataConfig = GRPODataConfig()
     generation: GenerationConfig = GenerationConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
+    environments: dict[str, EnvironmentConfig] | None = Field(
+        None,
+        description="One run over several environments, in place of `environment`: each by a name of "
+        "your choice, with its own settings ({math: {name: math}, puzzle: {name: sliding_puzzle, kwargs: "
+        "{...}, max_turns: 4}}; `name` defaults to the key). A task's environment is named by its row's "
+        "`task_name` or its source's `environment` (data.sources); metrics per environment are logged "
+        "as <name>/... and val/<name>/... See docs/environments.md, 'One run, many environments'.",
+    )
     cluster: ClusterConfig = ClusterConfig()
     checkpoint: CheckpointConfig = CheckpointConfig(save_every=10, metric="val/accuracy", mode="max")
     logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("environments", mode="before")
+    @classmethod
+    def _named(cls, value: Any) -> Any:
+        return named_environment_entries(value)
 
     @model_validator(mode="after")
     def _rl_checks(self) -> RLConfig:
         check_rl_config(self, self.LOOP)
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return without_unused_sections(self, handler(self))
 
 
 # ----------------------------------------------------------------- posttrain grpo
@@ -375,7 +422,7 @@ class GRPOConfig(RLConfig):
                 f"the refit transport here is {transport}: set generation.refit_transport=shared_memory "
                 "(one CPU machine)"
             )
-        if self.environment.max_turns > 1 and not self.environment.turn_barrier:
+        if any(e.max_turns > 1 and not e.turn_barrier for e in environment_sections(self).values()):
             raise ValueError(
                 "grpo.partial_rollouts=true is not implemented in the continuous multi-turn decoder: set "
                 "environment.turn_barrier=true"

@@ -376,16 +376,34 @@ def episode_token_budget(generation: GenerationConfig, environment: EnvironmentC
     return environment.max_turns * generation.max_new_tokens
 
 
+def environment_sections(cfg: Any) -> dict[str, EnvironmentConfig]:
+    """A config's environments by their config key: {"environment": ...} for a run over one, else
+    {"environments.<name>": ...} for each named one (`environments`, posttrain.config.multienv)."""
+    named = getattr(cfg, "environments", None)
+    if named is None:
+        return {"environment": cfg.environment}
+    return {f"environments.{name}": environment for name, environment in named.items()}
+
+
+def run_episode_token_budget(cfg: Any) -> int:
+    """The episode token budget of a run: its environment's (`episode_token_budget`), the largest of
+    them over several environments (the L_max of DAPO's overlong shaping and Dr.GRPO's normaliser)."""
+    return max(episode_token_budget(cfg.generation, e) for e in environment_sections(cfg).values())
+
+
 def check_episode_budget(cfg: Any) -> None:
     """Raise ValueError where the episode token budget disagrees with the limits it derives from:
     an explicit budget below one turn (max_new_tokens) or above what max_turns turns can generate,
-    or a DAPO overlong buffer (the budget's last N tokens) longer than the budget."""
-    g, turns = cfg.generation, cfg.environment.max_turns
-    budget, most = episode_token_budget(g, cfg.environment), turns * g.max_new_tokens
+    or a DAPO overlong buffer (the budget's last N tokens) longer than the budget. Over several
+    environments, against the one whose max_turns is largest (`run_episode_token_budget`)."""
+    g, sections = cfg.generation, environment_sections(cfg)
+    key = max(sections, key=lambda k: sections[k].max_turns)  # the first of the largest
+    turns = sections[key].max_turns
+    budget, most = episode_token_budget(g, sections[key]), turns * g.max_new_tokens
     if g.max_episode_tokens is not None and not g.max_new_tokens <= budget <= most:
         raise ValueError(
             f"generation.max_episode_tokens={budget} must lie between one turn (generation.max_new_tokens="
-            f"{g.max_new_tokens}) and what environment.max_turns={turns} turns generate ({most}): below, no "
+            f"{g.max_new_tokens}) and what {key}.max_turns={turns} turns generate ({most}): below, no "
             "turn could use max_new_tokens; above, no episode reaches it. Set it in that range, or null "
             f"for {most}"
         )
@@ -393,7 +411,7 @@ def check_episode_budget(cfg: Any) -> None:
     if buffer is not None and buffer > budget:
         raise ValueError(
             f"dapo.overlong_buffer={buffer} is longer than the episode token budget {budget} (generation."
-            f"max_episode_tokens, else environment.max_turns × generation.max_new_tokens): the soft overlong "
+            f"max_episode_tokens, else {key}.max_turns × generation.max_new_tokens): the soft overlong "
             "penalty runs over the budget's last overlong_buffer tokens. Lower dapo.overlong_buffer or "
             "raise the budget"
         )

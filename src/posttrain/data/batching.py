@@ -1,4 +1,5 @@
-"""Padded tensor batches, their splits into shards and microbatches, and a resumable sampler."""
+"""Padded tensor batches, their splits into shards and microbatches, and resumable samplers (of one
+list, and of several sources with fixed shares of every batch)."""
 
 from __future__ import annotations
 
@@ -143,3 +144,49 @@ class EpochSampler:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+
+
+class MixtureSampler:
+    """Batches drawn from several sources (lists of items laid end to end), `counts[i]` items of source
+    i in every batch, each source an `EpochSampler` of its own (seed `seed + i`; its epochs are its
+    own). Indices are into the concatenation; a batch interleaves the sources one item each in turn
+    (counts 3, 2, 1: a b c a b a), so contiguous slices of it (minibatches) mix them too. Resumable
+    by its state."""
+
+    def __init__(
+        self, sizes: Sequence[int], counts: Sequence[int], *, seed: int, names: Sequence[str] = ()
+    ) -> None:
+        if len(sizes) != len(counts) or not sizes:
+            raise ValueError(f"one count per source: {len(sizes)} sources, {len(counts)} counts")
+        labels = list(names) or [f"source {i}" for i in range(len(sizes))]
+        for label, size, count in zip(labels, sizes, counts, strict=True):
+            if not 0 < count <= size:
+                raise ValueError(
+                    f"{label} has {size} tasks and would give {count} of every batch; it needs at least "
+                    f"that many tasks and a count of at least 1"
+                )
+        self.labels = labels
+        self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.samplers = [
+            EpochSampler(n, k, seed=seed + i) for i, (n, k) in enumerate(zip(sizes, counts, strict=True))
+        ]
+
+    def next_batch(self) -> list[int]:
+        picks = [[o + j for j in s.next_batch()] for o, s in zip(self.offsets, self.samplers, strict=True)]
+        turns = max(len(p) for p in picks)
+        return [p[t] for t in range(turns) for p in picks if t < len(p)]
+
+    def describe(self) -> str:
+        """Each source's size and share of a batch, for the run's first lines."""
+        parts = [
+            f"{label} {s.num_items} tasks, {s.batch_size} per batch"
+            for label, s in zip(self.labels, self.samplers, strict=True)
+        ]
+        return "sources: " + "; ".join(parts)
+
+    def state_dict(self) -> dict:
+        return {"sources": [s.state_dict() for s in self.samplers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for sampler, own in zip(self.samplers, state["sources"], strict=True):
+            sampler.load_state_dict(own)

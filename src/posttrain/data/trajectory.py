@@ -34,6 +34,7 @@ class Trajectory:
         rollouts, the oldest version that sampled any of its tokens.
     token_versions: partial rollouts: the version of the weights that sampled each generated token
         (in order of the loss_mask-1 positions); empty otherwise.
+    task_name: in a run over several environments, the name of the one that played it; else None.
     """
 
     input_ids: list[int]
@@ -60,6 +61,7 @@ class Trajectory:
     num_prompt_messages: int = 0
     policy_version: int | None = None
     token_versions: list[int] = field(default_factory=list)
+    task_name: str | None = None
 
     @property
     def response_length(self) -> int:

@@ -16,7 +16,7 @@ from posttrain.algorithms.kl import kl_estimate
 from posttrain.algorithms.metrics import accumulate_metrics, logprob_error_keep
 from posttrain.algorithms.reward_shaping import stop_properly_penalty
 from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs, positive_tokens
-from posttrain.config.rollout import episode_token_budget
+from posttrain.config.rollout import run_episode_token_budget
 from posttrain.distributed.policy_group import PolicyGroup
 from posttrain.models.policy import TrainResult
 from posttrain.rollout.rollout import RLBatch, Rollouts
@@ -26,7 +26,7 @@ def shaped_rewards(cfg: Any, rollouts: Rollouts) -> torch.Tensor:
     """Task rewards [N], scaled (advantage.reward_scaling), then a truncated sample's scaled by
     dapo.stop_properly_penalty_coef, or DAPO's soft overlong penalty on the episode's generated
     tokens over all its turns, against the episode token budget. Reads cfg.advantage.reward_scaling
-    and cfg.dapo (cfg.generation and cfg.environment only with dapo.overlong_buffer)."""
+    and cfg.dapo (cfg.generation and the environments only with dapo.overlong_buffer)."""
     rewards = rollouts.rewards
     scaling = cfg.advantage.reward_scaling
     if scaling.enabled:
@@ -42,7 +42,7 @@ def shaped_rewards(cfg: Any, rollouts: Rollouts) -> torch.Tensor:
     if cfg.dapo.overlong_buffer:
         rewards = rewards + overlong_reward_shaping(
             rollouts.response_lengths,
-            max_len=episode_token_budget(cfg.generation, cfg.environment),
+            max_len=run_episode_token_budget(cfg),
             buffer_len=cfg.dapo.overlong_buffer,
             penalty=cfg.dapo.overlong_penalty,
         )
@@ -79,7 +79,7 @@ def loss_normalizers(cfg: Any, batch: RLBatch) -> tuple[float, float]:
     sequences = max(1.0, float((batch.loss_mask.sum(-1) > 0).sum()))
     if aggregation == "sequence":
         return sequences, tokens
-    return sequences * episode_token_budget(cfg.generation, cfg.environment), tokens
+    return sequences * run_episode_token_budget(cfg), tokens
 
 
 def add_mean(metrics: dict[str, float], out: TrainResult, updates: int, prefix: str = "") -> None:

@@ -20,9 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from posttrain.algorithms.metrics import pass_at_k, scored_reward_metrics
-from posttrain.config.rollout import episode_token_budget
-from posttrain.data.batching import EpochSampler
+from posttrain.config.rollout import EnvironmentConfig, episode_token_budget
+from posttrain.data.batching import EpochSampler, MixtureSampler
 from posttrain.data.tasks import Task
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
 from posttrain.distributed.refit_check import check_refit
@@ -41,6 +40,15 @@ from posttrain.logging import Timer
 from posttrain.modeling.tokenizer import training_tokenizer
 from posttrain.rollout.agent import run_agent_rollouts
 from posttrain.rollout.episode import start_episodes
+from posttrain.rollout.multienv import (
+    EnvironmentSet,
+    batch_sampler,
+    environment_batch_metrics,
+    environment_validation_metrics,
+    held_out_metrics,
+    mixed_rollouts,
+    source_tasks,
+)
 from posttrain.rollout.rollout import RLBatch, Rollouts, run_rollouts, transcript
 from posttrain.rollout.tasks import rl_tasks
 from posttrain.trainers.common import (
@@ -77,9 +85,15 @@ class RLRuntime:
                 f"policy.max_seq_len ({cfg.policy.max_seq_len}) must exceed generation.max_new_tokens "
                 f"({cfg.generation.max_new_tokens}) to leave room for the prompt"
             )
-        tasks = rl_tasks(cfg.data, cfg.environment, tokenizer=self.tokenizer, max_prompt_len=max_prompt)
-        self.train_problems, self.val_problems, self.held_out_dropped = tasks
-        self.sampler = EpochSampler(len(self.train_problems), self.loop.prompts_per_step, seed=self.loop.seed)
+        if cfg.environments is None:
+            tasks = rl_tasks(cfg.data, cfg.environment, tokenizer=self.tokenizer, max_prompt_len=max_prompt)
+            self.sampler = EpochSampler(len(tasks.train), self.loop.prompts_per_step, seed=self.loop.seed)
+        else:
+            tasks = source_tasks(
+                cfg.data, cfg.environments, tokenizer=self.tokenizer, max_prompt_len=max_prompt
+            )
+            self.sampler = batch_sampler(tasks, cfg.data, self.loop.prompts_per_step, seed=self.loop.seed)
+        self.train_problems, self.val_problems, self.held_out_dropped = tasks[:3]
         self.plan = RunPlan(
             self.loop.max_steps, self.loop.val_every, self.loop.val_at_start, tuple(algorithm.plots),
             step_logs=("metrics.jsonl", "samples.jsonl"),
@@ -107,18 +121,17 @@ class RLRuntime:
                 tokenizer_path=tokenizer_path, transport=transport,
             )  # fmt: skip
         self.generator: ActorGroup | GenerationGroup = self.split_generator or self.policy
-        self.environment = EnvironmentGroup(
-            cfg.environment.name,
-            cfg.environment.kwargs,
-            num_workers=cfg.environment.num_workers,
-            backend=cfg.cluster.backend,
-            max_concurrent_steps=cfg.environment.max_concurrent_steps,
+        self.environment: EnvironmentGroup | EnvironmentSet = (
+            self.environment_group(cfg.environment)
+            if cfg.environments is None
+            else EnvironmentSet({name: self.environment_group(e) for name, e in cfg.environments.items()})
         )
         self.timer = Timer()
         # episodes without a turn barrier run where the sampler is: a vLLM engine, or an HF model that is
-        # whole on each worker (an FSDP2-sharded colocated policy decodes collectively: turn by turn)
+        # whole on each worker (an FSDP2-sharded colocated policy decodes collectively: turn by turn);
+        # over several environments, each environment's own turn_barrier applies too
         sharded_hf = cfg.policy.fsdp and not self.split and cfg.generation.backend != "vllm"
-        self.turn_barrier = cfg.environment.turn_barrier or sharded_hf
+        self.turn_barrier = (cfg.environments is None and cfg.environment.turn_barrier) or sharded_hf
         probe_tasks = self.train_problems[: cfg.generation.refit_check.prompts]
         starts = start_episodes(self.environment, probe_tasks, list(range(len(probe_tasks))))
         self.probe_prompts = [prompt_ids_of(self.tokenizer, s) for s in starts]
@@ -173,6 +186,16 @@ class RLRuntime:
         held = teacher_worker_kwargs(teacher, model_path=path, vocab_size=cut)
         return path, cut, held if teacher.placement == "colocated" else None
 
+    def environment_group(self, environment: EnvironmentConfig) -> EnvironmentGroup:
+        """The worker group of one of the run's environments (`environment`, or one of `environments`)."""
+        return EnvironmentGroup(
+            environment.name,
+            environment.kwargs,
+            num_workers=environment.num_workers,
+            backend=self.cfg.cluster.backend,
+            max_concurrent_steps=environment.max_concurrent_steps,
+        )
+
     # ---------------------------------------------------------------- rollouts
     def rollouts(
         self,
@@ -182,14 +205,68 @@ class RLRuntime:
         timer: Timer | None = None,
         progress: str = "generation",
     ) -> Rollouts:
-        """G rollouts per problem; `progress` names the phase's bar on a terminal. With
-        `environment.agent` the user's agent plays them through the endpoint (`run_agent_rollouts`)."""
-        cfg, env = self.cfg, self.cfg.environment
+        """G rollouts per problem; `progress` names the phase's bar on a terminal. Over several
+        environments, each environment's problems with that environment (`mixed_rollouts`; its
+        sampling seed moved by its place among them), in input order."""
+        cfg = self.cfg
+        if cfg.environments is None:
+            out = self.environment_rollouts(
+                cfg.environment, self.environment, problems, generations, params, timer, progress
+            )
+        else:
+            run = functools.partial(
+                self.named_rollouts, generations=generations, params=params, timer=timer, progress=progress
+            )
+            out = mixed_rollouts(
+                problems, run, names=list(cfg.environments), first_group_id=self.next_group_id
+            )
+        self.next_group_id += len(problems)
+        for t in out.trajectories:
+            t.policy_version = self.policy_version
+        if cfg.generation.vllm.sleep and not self.split:
+            self.policy.sleep_generator()  # free the engine's memory for training
+        return out
+
+    def named_rollouts(
+        self,
+        name: str,
+        tasks: list[Task],
+        *,
+        generations: int,
+        params: SamplingParams,
+        timer: Timer | None,
+        progress: str,
+    ) -> Rollouts:
+        """The rollouts of environment `name`'s tasks of a batch over several environments, sampled
+        with the batch's seed + 7919·k for the k-th of `environments` (from 0)."""
+        names = list(self.cfg.environments)
+        seed = None if params.seed is None else params.seed + 7_919 * names.index(name)
+        groups = self.environment.groups  # type: ignore[union-attr]  # an EnvironmentSet here
+        own = dataclasses.replace(params, seed=seed)
+        env = self.cfg.environments[name]
+        return self.environment_rollouts(
+            env, groups[name], tasks, generations, own, timer, f"{progress} ({name})"
+        )
+
+    def environment_rollouts(
+        self,
+        env: EnvironmentConfig,
+        environment: EnvironmentGroup,
+        problems: list[Task],
+        generations: int,
+        params: SamplingParams,
+        timer: Timer | None,
+        progress: str,
+    ) -> Rollouts:
+        """G rollouts per problem with one environment (`env` its config, `environment` its workers),
+        groups numbered from `next_group_id`. With `env.agent` the user's agent plays them through the
+        endpoint (`run_agent_rollouts`)."""
+        cfg = self.cfg
         out = (run_rollouts if env.agent is None else functools.partial(run_agent_rollouts, agent=env.agent))(
             problems,
             generations_per_prompt=generations,
             generator=self.generator,
-            environment=self.environment,
+            environment=environment,
             tokenizer=self.tokenizer,
             params=params,
             batch_size=cfg.generation.batch_size,
@@ -199,15 +276,10 @@ class RLRuntime:
             max_episode_tokens=episode_token_budget(cfg.generation, env),
             first_group_id=self.next_group_id,
             timer=timer or self.timer,
-            turn_barrier=self.turn_barrier,
+            turn_barrier=env.turn_barrier or self.turn_barrier,
             progress=progress,
         )
-        self.next_group_id += len(problems)
         check_verifier_errors([t.info for t in out.trajectories], env.max_error_fraction, env.name)
-        for t in out.trajectories:
-            t.policy_version = self.policy_version
-        if cfg.generation.vllm.sleep and not self.split:
-            self.policy.sleep_generator()  # free the engine's memory for training
         return out
 
     def draw(
@@ -288,25 +360,22 @@ class RLRuntime:
         params = sampling_params(self.cfg.generation, self.loop.seed, self.loop.val_temperature)
         # its own timer: validation's generation must not count in the next training step's timings
         r = self.rollouts(self.val_problems, n, params, timer=Timer(), progress="validation")
-        correct = [bool(t.info.get("correct", t.reward >= 1.0)) for t in r.trajectories]
-        per_problem = [sum(correct[i * n : (i + 1) * n]) for i in range(len(self.val_problems))]
         metrics = {
-            "val/accuracy": sum(correct) / len(correct),
-            "val/reward": scored_reward_metrics(r.rewards, r.scored)["reward/mean"],
-            "val/response_length": float(r.response_lengths.mean()),
+            **{f"val/{k}": v for k, v in held_out_metrics(r, n).items()},
             "timing/validation": time.perf_counter() - start,
             # the environment's own metrics of the held-out episodes (val/env/solved_rate, ...)
             **{f"val/{k}": v for k, v in r.env_metrics.items() if k.startswith("env/")},
         }
-        if n > 1:
-            metrics[f"val/pass@{n}"] = sum(pass_at_k(n, c, n) for c in per_problem) / len(per_problem)
+        if self.cfg.environments is not None:  # val/<name>/accuracy, ... per environment
+            metrics.update(environment_validation_metrics(r, n, list(self.cfg.environments)))
         return metrics
 
     def write_samples(self, step: int, rollouts: Rollouts, count: int = 4) -> None:
         """A few trajectories per step in samples.jsonl, to read what the model writes."""
         with open(self.run_dir / "samples.jsonl", "a") as f:
             for t in rollouts.trajectories[:count]:
-                f.write(json.dumps({"step": step, **transcript(t)}, default=str) + "\n")
+                named = {"task_name": t.task_name} if t.task_name is not None else {}
+                f.write(json.dumps({"step": step, **named, **transcript(t)}, default=str) + "\n")
 
     # ---------------------------------------------------------------- state
     def save(self, step: int, metrics: dict[str, float]) -> Path:
@@ -372,6 +441,7 @@ class RLRuntime:
             f"{loop.max_steps} steps; generation {cfg.generation.backend} ({placement}); "
             f"{self.algorithm.describe()}run dir {self.run_dir}",
             *([held_out] if self.held_out_dropped else []),
+            *([self.sampler.describe()] if isinstance(self.sampler, MixtureSampler) else []),
         ]
 
     @contextlib.contextmanager
@@ -405,6 +475,8 @@ class RLRuntime:
             batch, batch_metrics = self.algorithm.make_batch(rollouts)
             train_metrics = self.algorithm.train_on(batch)
         metrics = {**rollouts.env_metrics, **collect_stats, **batch_metrics, **train_metrics}
+        if self.cfg.environments is not None:  # <name>/share, <name>/reward/mean per environment
+            metrics.update(environment_batch_metrics(rollouts, list(self.cfg.environments)))
         metrics.update(self.timer.pop())
         metrics["timing/step"] = time.perf_counter() - start
         self.write_samples(step + 1, rollouts)
