@@ -25,31 +25,29 @@ RECIPES = {
 }
 
 
+def one_grpo_step(recipe: str, model_dir: Path, run_dir: Path, *overrides: str) -> list[dict]:
+    """`posttrain grpo --config examples/configs/<recipe>` for one step of 2 prompts x 2 samples of at
+    most 6 tokens on the tiny model (local backend), validated before and after; its metrics rows."""
+    args = ["grpo", "--config", f"examples/configs/{recipe}", f"policy.model_name={model_dir}"]
+    args += [
+        "grpo.max_steps=1",
+        "grpo.prompts_per_step=2",
+        "grpo.generations_per_prompt=2",
+        "grpo.val_every=1",
+    ]
+    args += ["generation.max_new_tokens=6", "cluster.backend=local", "logging.tensorboard=false"]
+    assert main([*args, *overrides, f"logging.run_dir={run_dir}"]) == 0
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_recipe_runs_a_step(recipe: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     if recipe.startswith("grpo_code"):
         from conftest import require_sandbox
 
         require_sandbox()
-    run_dir = tmp_path / "run"
-    args = [
-        "grpo",
-        "--config",
-        f"examples/configs/{recipe}",
-        f"policy.model_name={tiny_model_dir}",
-        "data.train.environment_tasks.size=8",
-        "data.validation.environment_tasks.size=2",
-        "grpo.max_steps=1",
-        "grpo.prompts_per_step=2",
-        "grpo.generations_per_prompt=2",
-        "grpo.val_every=1",
-        "generation.max_new_tokens=6",
-        "cluster.backend=local",
-        "logging.tensorboard=false",
-        f"logging.run_dir={run_dir}",
-    ]
-    assert main(args) == 0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    sizes = ["data.train.environment_tasks.size=8", "data.validation.environment_tasks.size=2"]
+    rows = one_grpo_step(recipe, tiny_model_dir, tmp_path / "run", *sizes)
     assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
     # the reply length (generated tokens) is in the held-out curve, as in training's
     assert all(r["val/response_length"] > 0 for r in rows if "val/accuracy" in r)
@@ -77,23 +75,7 @@ def test_multi_env_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> N
             f"data.sources.{source}.train.{kind}.size=8",
             f"data.sources.{source}.validation.{kind}.size=2",
         ]
-    args = [
-        "grpo",
-        "--config",
-        "examples/configs/grpo_multi_env.yaml",
-        f"policy.model_name={tiny_model_dir}",
-        *sizes,
-        "grpo.max_steps=1",
-        "grpo.prompts_per_step=3",
-        "grpo.generations_per_prompt=2",
-        "grpo.val_every=1",
-        "generation.max_new_tokens=6",
-        "cluster.backend=local",
-        "logging.tensorboard=false",
-        f"logging.run_dir={run_dir}",
-    ]
-    assert main(args) == 0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = one_grpo_step("grpo_multi_env.yaml", tiny_model_dir, run_dir, *sizes, "grpo.prompts_per_step=3")
     names = ("math", "calculator", "puzzle")
     for row in (r for r in rows if "val/accuracy" in r):
         assert all(0.0 <= row[f"val/{name}/accuracy"] <= 1.0 for name in names)
@@ -106,25 +88,8 @@ def test_multi_env_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> N
 def test_gdpo_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> None:
     """examples/configs/grpo_gdpo.yaml: the math_format environment's two named rewards reach the
     gdpo advantage (each component's mean logged, the reward their sum, at most 1 + 0.2)."""
-    run_dir = tmp_path / "run"
-    args = [
-        "grpo",
-        "--config",
-        "examples/configs/grpo_gdpo.yaml",
-        f"policy.model_name={tiny_model_dir}",
-        "data.train.reasoning_gym.size=8",
-        "data.validation.reasoning_gym.size=2",
-        "grpo.max_steps=1",
-        "grpo.prompts_per_step=2",
-        "grpo.generations_per_prompt=2",
-        "grpo.val_every=1",
-        "generation.max_new_tokens=6",
-        "cluster.backend=local",
-        "logging.tensorboard=false",
-        f"logging.run_dir={run_dir}",
-    ]
-    assert main(args) == 0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    sizes = ["data.train.reasoning_gym.size=8", "data.validation.reasoning_gym.size=2"]
+    rows = one_grpo_step("grpo_gdpo.yaml", tiny_model_dir, tmp_path / "run", *sizes)
     [step] = [r for r in rows if "reward/mean" in r]
     parts = step["reward/correct/mean"] + step["reward/format/mean"]
     assert step["reward/mean"] == pytest.approx(parts, abs=1e-6) and 0.0 <= parts <= 1.2
