@@ -229,6 +229,7 @@ def test_a_row_missing_its_environment_s_field_is_a_data_error(tmp_path: Path) -
         source_split_tasks(source, source.train, environments, tokenizer=None, max_prompt_len=100)
 
 
+@pytest.mark.slow  # the real tokenizer: outside the fast lane
 def test_rows_get_their_own_or_their_source_s_environment(tmp_path: Path, tokenizer: Any) -> None:
     rows = [{"prompt": "1+1", "answer": "2"}, {"prompt": "2+2", "answer": "4", "task_name": "math"}]
     source, environments = _source(_rows(tmp_path / "mixed.jsonl", rows), environment="math")
@@ -237,6 +238,7 @@ def test_rows_get_their_own_or_their_source_s_environment(tmp_path: Path, tokeni
     assert [t["messages"][-1]["content"] for t in tasks] == ["1+1", "2+2"]
 
 
+@pytest.mark.slow  # the real tokenizer: outside the fast lane
 def test_generated_tasks_carry_their_source_s_environment(tokenizer: Any) -> None:
     cfg = config_from_data(GRPOConfig, multi())
     source = cfg.data.sources["puzzles"]
@@ -319,6 +321,7 @@ class _Replies:
         return GenerationOutput([list(self.ids)] * n, [[-0.5] * len(self.ids)] * n, [False] * n)
 
 
+@pytest.mark.slow  # the real tokenizer: outside the fast lane
 def test_a_mixed_batch_steps_each_task_with_its_environment_in_input_order(tokenizer: Any) -> None:
     groups = {name: EnvironmentGroup(cls, backend="local") for name, cls in (("a", _A), ("b", _B), ("c", _C))}
     turns = {"a": 1, "b": 1, "c": 3}
