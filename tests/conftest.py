@@ -37,6 +37,27 @@ def require_vllm() -> None:
         )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n 2`: .ci/run and the README's test command) each worker process gets its
+    own Ray temp dir, so that its local Ray clusters (and those of the CLI runs it starts) never find
+    and join the other worker's (Ray joins the cluster named in <temp dir>/ray_current_cluster).
+    Torch keeps its threads: vLLM's CPU attention checks that the thread count it planned with is
+    the one it runs with."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        import tempfile
+
+        os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"ptray-{worker}-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The worker's Ray temp dir (session logs), after its clusters were shut down."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and "ptray-" in os.environ.get("RAY_TMPDIR", ""):
+        import shutil
+
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -64,12 +64,11 @@ WORKERS = [("GenerationWorker", "generation-0"), ("ActorPolicy", "policy-0"), ("
 
 def test_a_killed_worker_stops_the_run_and_the_rerun_resumes(ray_nodes, tiny_model_dir, tmp_path):
     ray_nodes.set("a=3")
-    address = ray_nodes.address
     run_dir = tmp_path / "run"
     args = grpo_args(tiny_model_dir, run_dir, max_steps=len(WORKERS) + 1)
     earlier: set[int] = set()  # actor processes of earlier runs (they may still be exiting)
     for i, (class_name, worker) in enumerate(WORKERS):
-        run, pid = start(args, RAY_ADDRESS=address), None
+        run, pid = start(args, **ray_nodes.client_env), None
         try:
             # after this run's first checkpoint (step i + 1), while it takes the next step
             wait_for(lambda i=i: complete_steps(run_dir)[-1:] == [i + 1], run, what=f"checkpoint {i + 1}")
@@ -94,7 +93,7 @@ def test_a_killed_worker_stops_the_run_and_the_rerun_resumes(ray_nodes, tiny_mod
         if i > 0:
             assert f"resumed from {run_dir / 'checkpoints' / f'step_{i:06d}'}" in output
 
-    last = start(args, RAY_ADDRESS=address)
+    last = start(args, **ray_nodes.client_env)
     returncode, output = finish(last)
     assert returncode == 0, output[-4000:]
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{len(WORKERS):06d}'}" in output

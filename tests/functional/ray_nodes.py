@@ -65,9 +65,13 @@ class Nodes:
                 # `ray.init()` without an address on this machine would find and join it: a private
                 # temp dir keeps other runs and tests off this cluster
                 "RAY_TMPDIR": self.temp_dir,
+                # no token authentication on this test cluster, and none expected by the runs that
+                # attach (client_env): whatever mode an earlier test left in os.environ
+                "RAY_AUTH_MODE": "disabled",
             },
         )
         self.address = self._answer("address ")
+        self.client_env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "disabled"}
 
     def _answer(self, prefix: str) -> str:
         for line in self.process.stdout:

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -25,6 +26,9 @@ def _cli(*args: str, pythonpath: str | None = None) -> subprocess.CompletedProce
     """`posttrain ARGS` in this process: its exit status and what it printed. `pythonpath`: a folder
     importable during the call (a user's reward module; dropped from sys.modules after)."""
     out, err = io.StringIO(), io.StringIO()
+    if pythonpath:  # a module of the same name imported by an earlier test in this process is not this one
+        for module in Path(pythonpath).glob("*.py"):
+            sys.modules.pop(module.stem, None)
     before = set(sys.modules)
     with contextlib.ExitStack() as stack:
         if pythonpath:

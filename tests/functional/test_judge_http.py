@@ -43,12 +43,18 @@ class FakeServer:
                     server.headers.append(dict(self.headers))
                     server.in_flight += 1
                     server.peak = max(server.peak, server.in_flight)
+                answered = False
                 try:
                     action = server.behaviour(n, body)
                     if isinstance(action, int | float):
                         time.sleep(action)
                         action = completion("Score: 5")
                     status, headers, payload = action
+                    # out of flight before the reply is sent: a client that got its reply may send its
+                    # next request before this thread runs again (peak counted what the client holds)
+                    with server.lock:
+                        server.in_flight -= 1
+                        answered = True
                     self.send_response(status)
                     for key, value in headers.items():
                         self.send_header(key, value)
@@ -58,8 +64,9 @@ class FakeServer:
                 except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
                     pass
                 finally:
-                    with server.lock:
-                        server.in_flight -= 1
+                    if not answered:
+                        with server.lock:
+                            server.in_flight -= 1
 
             def log_message(self, *args: object) -> None:
                 pass

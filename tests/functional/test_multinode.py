@@ -28,7 +28,7 @@ ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", 
 
 
 def cli(args: list[str], *, address: str | None = None, **env: str) -> subprocess.CompletedProcess:
-    extra = {"RAY_ADDRESS": address} if address else {}
+    extra = {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled"} if address else {}  # as Nodes.client_env
     return subprocess.run(
         [sys.executable, "-m", "posttrain.cli", *args],
         capture_output=True,
@@ -154,7 +154,7 @@ def test_a_lost_node_fails_fast_naming_the_worker(ray_nodes, tiny_model_dir, tmp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**ENV, "RAY_ADDRESS": ray_nodes.address},
+        env={**ENV, **ray_nodes.client_env},
     )
     try:
         first = run_dir / "checkpoints" / "step_000001" / "COMPLETE"

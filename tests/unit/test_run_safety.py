@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,18 +141,19 @@ def test_environment_kwargs_must_fit_the_constructor():
 
 
 def test_reward_function_environment_resolves_a_string(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(
+    (tmp_path / "run_safety_rewards.py").write_text(
         "def exact(completion, metadata):\n    return float(completion == metadata['answer'])\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "run_safety_rewards", raising=False)  # dropped again after the test
     from posttrain.environments import RewardFunctionEnvironment
 
-    env = RewardFunctionEnvironment("my_rewards:exact")
+    env = RewardFunctionEnvironment("run_safety_rewards:exact")
     logs = [[{"role": "user", "content": "q"}, {"role": "assistant", "content": c}] for c in ("42", "41")]
     result = env.step(logs, [{"answer": "42"}, {"answer": "42"}])
     assert result.rewards == [1.0, 0.0] and [i["verifier_error"] for i in result.info] == [None, None]
-    with pytest.raises(EnvironmentSpecError, match="module 'my_rewards' has no attribute 'nope'"):
-        RewardFunctionEnvironment("my_rewards:nope")
+    with pytest.raises(EnvironmentSpecError, match="module 'run_safety_rewards' has no attribute 'nope'"):
+        RewardFunctionEnvironment("run_safety_rewards:nope")
 
 
 def test_required_field_names_the_answer_column(tmp_path):
