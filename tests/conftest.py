@@ -58,7 +58,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
 
 
+HEAVY_FIRST = ("vllm_engine", "faults", "functional")
+"""Test folders whose files take the longest (engines, runs in processes, Ray), run first: under
+xdist the files are handed out in this order, so the last ones, which one worker may run while
+the other is done, are the short unit test files."""
+
+
+def _folder_rank(item: pytest.Item) -> int:
+    parts = Path(str(item.path)).parts
+    return next((i for i, name in enumerate(HEAVY_FIRST) if name in parts), len(HEAVY_FIRST))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_folder_rank)  # stable: the order within a folder is pytest's
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
@@ -166,6 +178,7 @@ def sft_overrides(model_dir: Path, data: Path, run_dir: Path, **extra) -> list[s
         "cluster.backend": "local",
         "logging.run_dir": str(run_dir),
         "logging.tensorboard": False,
+        "logging.plots": False,  # ~3 s of matplotlib per run: the tests of the plots turn them on
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
@@ -190,6 +203,7 @@ def grpo_test_config(model_dir: Path, run_dir: Path, **extra):
         "cluster.backend": "local",
         "logging.run_dir": str(run_dir),
         "logging.tensorboard": False,
+        "logging.plots": False,  # ~3 s of matplotlib per run: the tests of the plots turn them on
         **extra,
     }
     return load_config(GRPOConfig, None, [f"{k}={v}" for k, v in overrides.items()])

@@ -40,6 +40,7 @@ def preference_overrides(model_dir: Path, data: Path, run_dir: Path, section: st
         "cluster.backend": "local",
         "logging.run_dir": str(run_dir),
         "logging.tensorboard": False,
+        "logging.plots": False,  # ~3 s of matplotlib per run: the tests of the plots turn them on
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]

@@ -88,23 +88,28 @@ def _grpo_cfg(tiny_model_dir, run_dir, **extra) -> GRPOConfig:
     return grpo_test_config(tiny_model_dir, run_dir, **extra)
 
 
-def _check_run(result, steps=2):
+def _check_run(result, steps=2, plots=False):
     train = [h for h in result.history if "reward/mean" in h]
     assert [h["step"] for h in train] == list(range(1, steps + 1))
     assert all(1.0 <= h["token_mult_prob_error"] <= 1.01 for h in train)
     assert all(h["timing/generation"] > 0 and h["timing/training"] > 0 for h in train)
     assert [h["step"] for h in result.history if "val/accuracy" in h] == [0, steps]
     assert result.last_checkpoint.name == f"step_{steps:06d}"
-    assert (result.run_dir / "plots" / "reward_mean.png").is_file()
+    assert (result.run_dir / "plots" / "reward_mean.png").is_file() == plots
 
 
 def test_grpo_two_steps_local_with_kl_and_resume(tiny_model_dir, tmp_path):
-    cfg = _grpo_cfg(tiny_model_dir, tmp_path / "run", **{"loss.kl_beta": 0.1, "grpo.updates_per_batch": 2})
+    cfg = _grpo_cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        **{"loss.kl_beta": 0.1, "grpo.updates_per_batch": 2, "logging.plots": True},
+    )
     first = run_grpo(cfg, stop_after=1)
     assert first.step == 1
     second = run_grpo(cfg)
     _check_run(
-        type(second)(second.run_dir, second.step, first.history + second.history, second.last_checkpoint)
+        type(second)(second.run_dir, second.step, first.history + second.history, second.last_checkpoint),
+        plots=True,
     )
     assert all("kl" in h for h in second.history if "reward/mean" in h)
 
@@ -140,10 +145,11 @@ def test_grpo_two_steps_on_ray(ray_cluster, tiny_model_dir, tmp_path, placement)
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("placement", ["colocated", "split", "split_object_store"])
+@pytest.mark.parametrize("placement", ["colocated", "split"])
 def test_grpo_two_steps_fsdp2_on_two_cpu_workers(ray_cluster, tiny_model_dir, tmp_path, placement):
     """FSDP2 over gloo: each rank samples with the sharded model (colocated), or the full weights are
-    gathered from the shards for the refit (split: auto = collective; and the object store)."""
+    gathered from the shards for the refit (split: auto = collective). The other transports send
+    the same gathered tensors (test_grpo_two_steps_on_ray covers each of them)."""
     _run_on_ray(
         tiny_model_dir, tmp_path / placement, placement, **{"cluster.num_workers": 2, "policy.fsdp": True}
     )

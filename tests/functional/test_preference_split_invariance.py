@@ -137,11 +137,13 @@ def test_per_microbatch_pair_mean_would_differ(tiny_model_dir, batch, tokenizer)
 
 @pytest.mark.ray
 @pytest.mark.parametrize("algorithm", ["dpo", "rm"])
-def test_one_vs_two_data_parallel_ray_workers(ray_cluster, tiny_model_dir, batch, tokenizer, algorithm):
+def test_two_data_parallel_ray_workers_match_one_local_worker(
+    ray_cluster, tiny_model_dir, batch, tokenizer, algorithm
+):
     knobs = DPO_VARIANTS["dpo_sum_sft"]
     params = {}
     for workers in (1, 2):
-        cluster = ClusterConfig(backend="ray", num_workers=workers)
+        cluster = ClusterConfig(backend="ray" if workers > 1 else "local", num_workers=workers)
         common = dict(model_path=str(tiny_model_dir), total_steps=1)
         if algorithm == "dpo":
             group = ActorGroup(
@@ -175,7 +177,7 @@ def test_dpo_fsdp2_on_two_cpu_workers_matches_one_plain_worker(ray_cluster, tiny
         cfg = _policy_cfg(4).model_copy(update={"fsdp": fsdp})
         group = ActorGroup(
             cfg,
-            ClusterConfig(backend="ray", num_workers=workers),
+            ClusterConfig(backend="ray" if workers > 1 else "local", num_workers=workers),
             tokenizer_path=str(tiny_model_dir),
             reference=True,
             model_path=str(tiny_model_dir),

@@ -37,7 +37,7 @@ def test_dpo_learns_the_training_preferences(tiny_model_dir, data, tmp_path):
         tiny_model_dir,
         data,
         tmp_path / "run",
-        **{"dpo.max_steps": 12, "dpo.val_every": 6, "dpo.beta": 0.5},
+        **{"dpo.max_steps": 12, "dpo.val_every": 6, "dpo.beta": 0.5, "logging.plots": True},
     )
     result = run_dpo(cfg)
     train, val = _train(result.history), [h for h in result.history if "val/loss" in h]

@@ -84,12 +84,12 @@ def test_per_microbatch_mean_would_differ(tiny_model_dir, batch):
 
 
 @pytest.mark.ray
-def test_one_vs_two_data_parallel_ray_workers(ray_cluster, tiny_model_dir, batch):
+def test_two_data_parallel_ray_workers_match_one_local_worker(ray_cluster, tiny_model_dir, batch):
     params = {}
     for workers in (1, 2):
         group = PolicyGroup(
             _policy_cfg(2),
-            ClusterConfig(backend="ray", num_workers=workers),
+            ClusterConfig(backend="ray" if workers > 1 else "local", num_workers=workers),
             model_path=str(tiny_model_dir),
             total_steps=1,
         )
@@ -117,7 +117,7 @@ def test_fsdp2_on_two_cpu_workers_matches_one_plain_worker(ray_cluster, tiny_mod
     state_dict, checksums and a checkpoint round trip."""
     one = PolicyGroup(
         _policy_cfg(2),
-        ClusterConfig(backend="ray", num_workers=1),
+        ClusterConfig(backend="local", num_workers=1),
         model_path=str(tiny_model_dir),
         total_steps=2,
     )

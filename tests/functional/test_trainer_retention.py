@@ -25,6 +25,7 @@ def test_sft_keeps_best_val_loss_and_latest(tiny_model_dir, tmp_path):
             "checkpoint.keep_last": 1,
             "checkpoint.keep_best": 2,
             "policy.optimizer.lr": 3e-2,  # large enough that validation loss goes up and down
+            "logging.plots": True,
         },
     )
     assert (cfg.checkpoint.metric, cfg.checkpoint.mode) == ("val/loss", "min")  # SFT's defaults
