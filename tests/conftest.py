@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -51,12 +53,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The worker's Ray temp dir (session logs), after its clusters were shut down."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and "ptray-" in os.environ.get("RAY_TMPDIR", ""):
-        import shutil
+    """The worker's Ray temp dir (session logs), after its clusters were shut down. In the main
+    process, the shared-memory weight files that processes killed by the tests left in /dev/shm
+    (a SIGKILLed policy worker or a removed node cannot unlink them; `posttrain doctor` lists such
+    files): those written since the session began whose writer is gone."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        if "ptray-" in os.environ.get("RAY_TMPDIR", ""):
+            import shutil
 
-        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+            shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+        return
+    from posttrain.weights.refit import stale_shared_files
 
+    for path in stale_shared_files():
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.getmtime(path) >= SESSION_START:
+                Path(path).unlink()
+
+
+SESSION_START = time.time()
 
 HEAVY_FIRST = ("vllm_engine", "faults", "functional")
 """Test folders whose files take the longest (engines, runs in processes, Ray), run first: under
