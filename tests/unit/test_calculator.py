@@ -4,17 +4,21 @@ seed, and whole episodes through reset/step (with and without the tool)."""
 from __future__ import annotations
 
 import json
+import random
 import re
+import runpy
 from pathlib import Path
 
 import pytest
 
 from posttrain.environments import ENVIRONMENTS, make_environment
 from posttrain.environments.calculator import (
+    PHRASINGS,
     CalculatorEnvironment,
     calculator,
     extract_answer,
     format_number,
+    oracle_transcript,
 )
 from posttrain.environments.tools import tools_system_prompt
 
@@ -205,3 +209,93 @@ def test_registered_and_validated() -> None:
     assert ENVIRONMENTS["tool_calculator"] is CalculatorEnvironment
     with pytest.raises(ValueError, match="answer_format"):
         CalculatorEnvironment(answer_format="last")
+
+
+# --- task families and oracle transcripts (held-out families for the recipe without an example) ---
+
+
+def test_the_default_family_draws_the_tasks_it_always_drew() -> None:
+    """Seeded data of the existing recipes is unchanged: a in 100..999, b in 10..99, from one Random."""
+    rng = random.Random(11)
+    before = [{"a": rng.randint(100, 999), "b": rng.randint(10, 99)} for _ in range(200)]
+    assert CalculatorEnvironment().generate_tasks(200, 11) == before
+
+
+def test_families_of_other_sizes_operations_and_phrasings() -> None:
+    sums = CalculatorEnvironment(operation="+", digits=(4, 4), phrasings=["plus", "sum", "add"])
+    tasks = sums.generate_tasks(300, seed=5)
+    assert all(1000 <= t["a"] <= 9999 and 1000 <= t["b"] <= 9999 and t["op"] == "+" for t in tasks)
+    assert {t["phrasing"] for t in tasks} == {"plus", "sum", "add"}
+    starts = sums.reset(tasks[:40], [0] * 40)
+    for task, start in zip(tasks[:40], starts, strict=True):
+        assert start.metadata["answer"] == task["a"] + task["b"]
+        question = PHRASINGS["+"][task["phrasing"]].format(a=task["a"], b=task["b"])
+        assert start.messages[-1]["content"].startswith(question + "\n")
+    short = CalculatorEnvironment(digits=(2, 2), phrasings=["times"]).generate_tasks(50, seed=1)
+    assert all(10 <= t["a"] <= 99 and 10 <= t["b"] <= 99 and "op" not in t for t in short)
+    [start] = CalculatorEnvironment().reset([{"a": 12, "b": 34, "phrasing": "multiply"}], [0])
+    assert (
+        start.messages[-1]["content"].startswith("Multiply 12 by 34.\n") and start.metadata["answer"] == 408
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "task", "message"),
+    [
+        ({"operation": "-"}, None, "op must be one of"),
+        ({"phrasings": ["plus"]}, None, "phrasing 'plus' is not one of"),
+        ({"digits": (3,)}, None, "digits must be two digit counts"),
+        ({"digits": (0, 2)}, None, "digits must be two digit counts"),
+        ({}, {"a": 1, "b": 2, "op": "/"}, "op must be one of"),
+        ({}, {"a": 1, "b": 2, "phrasing": "sum"}, "phrasing 'sum' is not one of"),
+    ],
+)
+def test_unknown_families_are_clear_errors(kwargs: dict, task: dict | None, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        env = CalculatorEnvironment(**kwargs)
+        env.reset([task], [0])
+
+
+def test_boxed_answers_only_score_with_answer_format_boxed() -> None:
+    """The prompt asks for \\boxed{}: with answer_format="boxed" an unboxed right number is wrong."""
+    task = {"a": 1234, "b": 5678, "op": "+"}
+    for answer_format, unboxed_reward in (("boxed", 0.0), ("boxed_or_last_number", 1.0)):
+        env = CalculatorEnvironment(answer_format=answer_format)
+        results, _ = play(env, task, tool_call("1234 + 5678"), "The answer is 6912.")
+        assert results[-1].rewards == [unboxed_reward]
+        results, _ = play(env, task, tool_call("1234 + 5678"), "The answer is \\boxed{6912}.")
+        assert results[-1].rewards == [1.0] and results[-1].info[0]["called_tool"]
+
+
+def test_oracle_transcripts_play_the_episode_and_score_one() -> None:
+    env = CalculatorEnvironment(
+        tools_in_system_prompt=True, answer_format="boxed", operation="+", phrasings=["add"]
+    )
+    task = env.generate_tasks(1, seed=2)[0]
+    messages = oracle_transcript(env, task)
+    [start] = env.reset([task], [0])
+    assert messages[: len(start.messages)] == start.messages and messages[0]["role"] == "system"
+    assert "calculator" in messages[0]["content"]  # the tool is described in the system prompt
+    expression = f"{task['a']} + {task['b']}"
+    assert [m["role"] for m in messages[len(start.messages) :]] == ["assistant", "tool", "assistant"]
+    assert messages[-3]["content"] == tool_call(expression)
+    assert messages[-2]["content"] == str(task["a"] + task["b"])
+    assert messages[-1]["content"] == f"The answer is \\boxed{{{task['a'] + task['b']}}}."
+    results, _ = play(env, task, *(m["content"] for m in messages if m["role"] == "assistant"))
+    assert results[-1].rewards == [1.0]  # the same turns replayed score 1
+    with pytest.raises(ValueError, match="without tools="):  # schemas as tools= would be lost in an SFT row
+        oracle_transcript(CalculatorEnvironment(), task)
+
+
+def test_the_script_writes_sft_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = runpy.run_path(
+        str(Path(__file__).parents[2] / "examples" / "calculator_transcripts.py"), run_name="transcripts"
+    )
+    kwargs = {"tools_in_system_prompt": True, "answer_format": "boxed"}
+    out = tmp_path / "sft.jsonl"
+    script["main"]([str(out), "--count", "6", "--seed", "3", "--env", json.dumps(kwargs)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6 and "wrote 6 transcripts" in capsys.readouterr().out
+    env = CalculatorEnvironment(**kwargs)
+    assert [r["task"] for r in rows] == env.generate_tasks(6, 3)
+    assert all(r["messages"] == oracle_transcript(env, r["task"]) for r in rows)

@@ -1,4 +1,4 @@
-"""Calculator tool use: 3-digit × 2-digit products, with a `calculator(expression)` tool.
+"""Calculator tool use: products (3-digit × 2-digit by default) or sums, with a `calculator(expression)` tool.
 
 The task is one product, e.g. "What is 347 * 58?", too hard for a 135M model to do in its head.
 The model may call the calculator (`<tool_call>{"name": "calculator", "arguments": {"expression":
@@ -20,6 +20,7 @@ answers answer nothing (`posttrain.environments.math.final_boxed_answer`).
 from __future__ import annotations
 
 import ast
+import json
 import math
 import operator
 import random
@@ -28,9 +29,9 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from posttrain.data.boxed import boxed_contents
-from posttrain.environments.interface import EpisodeStart, register_environment
+from posttrain.environments.interface import EpisodeStart, Message, register_environment
 from posttrain.environments.math import final_boxed_answer, strip_think
-from posttrain.environments.tools import ToolEnvironment, ToolRegistry
+from posttrain.environments.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolEnvironment, ToolRegistry
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 100
@@ -154,20 +155,52 @@ def score_number_answer(reply: str, answer: Any, answer_format: str) -> tuple[fl
     return float(correct), {"extracted_answer": extracted, "correct": correct}
 
 
+OPERATIONS: dict[str, Callable[[int, int], int]] = {"*": operator.mul, "+": operator.add}
+"""A task's operation (its "op" field; "*" when absent)."""
+
+PHRASINGS: dict[str, dict[str, str]] = {
+    "*": {
+        "what_is": "What is {a} * {b}?",
+        "times": "Compute {a} times {b}.",
+        "product": "What is the product of {a} and {b}?",
+        "multiply": "Multiply {a} by {b}.",
+    },
+    "+": {
+        "what_is": "What is {a} + {b}?",
+        "plus": "Compute {a} plus {b}.",
+        "sum": "What is the sum of {a} and {b}?",
+        "add": "Add {a} and {b}.",
+    },
+}
+"""The question of a task per operation and phrasing (its "phrasing" field; "what_is" when absent):
+held-out families ask the same thing in words training never used."""
+
+TOOL_HINT = "You can use the calculator tool. Give your final answer as a number in \\boxed{}."
+
+
+def task_prompt(a: int, b: int, op: str = "*", phrasing: str = "what_is") -> str:
+    """The user turn of a task: the question, then the tool hint."""
+    if op not in PHRASINGS:
+        raise ValueError(f"a calculator task's op must be one of {sorted(PHRASINGS)}, got {op!r}")
+    if phrasing not in PHRASINGS[op]:
+        raise ValueError(f"phrasing {phrasing!r} is not one of {sorted(PHRASINGS[op])} for op {op!r}")
+    return PHRASINGS[op][phrasing].format(a=a, b=b) + "\n" + TOOL_HINT
+
+
 def product_prompt(a: int, b: int) -> str:
-    """The user turn of a task."""
-    return (
-        f"What is {a} * {b}?\n"
-        "You can use the calculator tool. Give your final answer as a number in \\boxed{}."
-    )
+    """The user turn of a product task in the default phrasing."""
+    return task_prompt(a, b)
 
 
 @register_environment("tool_calculator")
 class CalculatorEnvironment(ToolEnvironment):
-    """3-digit × 2-digit products with a calculator tool; reward 1 for the right product, else 0.
+    """Products (3-digit × 2-digit by default) or sums with a calculator tool; reward 1 for the
+    right result, else 0.
 
-    Tasks are `{"a": int, "b": int}` (from `generate_tasks(count, seed)`); the product is
-    the answer. Info of the final turn: "extracted_answer", "correct", "called_tool".
+    Tasks are `{"a": int, "b": int}` and, outside the default family, "op" ("*" or "+") and
+    "phrasing" (a key of `PHRASINGS[op]`); `generate_tasks(count, seed)` draws them from the
+    family `operation`, `digits` and `phrasings` name. The result of a op b is the answer. Info
+    of the final turn: "extracted_answer", "correct", "called_tool".
     Metrics (see `ToolEnvironment.batch_metrics`): `env/accuracy`, `env/tool_call_rate`,
     `env/tool_errors`, `env/reward_mean`, `env/tool_budget_exhausted_rate`.
 
@@ -178,6 +211,10 @@ class CalculatorEnvironment(ToolEnvironment):
         system_prompt: a system message to begin each episode with (None: the template's default).
         stop_at_tool_call, tools_in_system_prompt, tool_choice, examples,
             describe_tools: see `ToolEnvironment`.
+        operation: the generated tasks' operation, "*" or "+".
+        digits: the generated operands' digit counts (a, b).
+        phrasings: the generated tasks' phrasings (keys of `PHRASINGS[operation]`), one drawn per
+            task; None: "what_is" only.
     """
 
     required_fields = ("a", "b")
@@ -193,8 +230,17 @@ class CalculatorEnvironment(ToolEnvironment):
         tool_choice: str = "auto",
         examples: list[dict[str, Any]] | None = None,
         describe_tools: bool = True,
+        operation: Literal["*", "+"] = "*",
+        digits: tuple[int, int] = (3, 2),
+        phrasings: list[str] | None = None,
     ) -> None:
         self.answer_format = check_answer_format(answer_format)
+        if len(digits) != 2 or min(int(d) for d in digits) < 1:
+            raise ValueError(f"digits must be two digit counts >= 1, got {digits!r}")
+        self.operation, self.phrasings = operation, list(phrasings or ["what_is"])
+        self.digits = (int(digits[0]), int(digits[1]))
+        for phrasing in self.phrasings:
+            task_prompt(1, 1, operation, phrasing)  # an unknown operation or phrasing: ValueError
         super().__init__(
             ToolRegistry([calculator]),
             max_tool_calls=max_tool_calls,
@@ -207,19 +253,62 @@ class CalculatorEnvironment(ToolEnvironment):
         )
 
     def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
-        """`count` products: a in 100..999, b in 10..99, drawn from `seed`."""
+        """`count` tasks of the family, drawn from `seed`: operands of `digits` digits (3 and 2 by
+        default: a in 100..999, b in 10..99), a phrasing drawn per task when there are several.
+        Tasks of the default family are `{"a", "b"}` only."""
         rng = random.Random(seed)
-        return [{"a": rng.randint(100, 999), "b": rng.randint(10, 99)} for _ in range(count)]
+        (da, db), tasks = self.digits, []
+        for _ in range(count):
+            task: dict[str, Any] = {
+                "a": rng.randint(10 ** (da - 1), 10**da - 1),
+                "b": rng.randint(10 ** (db - 1), 10**db - 1),
+            }
+            phrasing = rng.choice(self.phrasings) if len(self.phrasings) > 1 else self.phrasings[0]
+            if self.operation != "*":
+                task["op"] = self.operation
+            if phrasing != "what_is":
+                task["phrasing"] = phrasing
+            tasks.append(task)
+        return tasks
 
     def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
-        """One episode per task; the seeds are not needed (a task is one product)."""
+        """One episode per task; the seeds are not needed (a task is one question)."""
         starts = []
         for task in tasks:
             a, b = int(task["a"]), int(task["b"])
-            messages = [{"role": "user", "content": product_prompt(a, b)}]
-            starts.append(self.start(messages, {**task, "answer": a * b}))
+            op, phrasing = task.get("op", "*"), task.get("phrasing", "what_is")
+            messages = [{"role": "user", "content": task_prompt(a, b, op, phrasing)}]
+            starts.append(self.start(messages, {**task, "answer": OPERATIONS[op](a, b)}))
         return starts
 
     def score(self, reply: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         """1.0 when the reply's answer equals metadata["answer"], else 0.0."""
         return score_number_answer(reply, metadata["answer"], self.answer_format)
+
+
+def oracle_transcript(env: CalculatorEnvironment, task: dict[str, Any]) -> list[Message]:
+    """The conversation of a player that calls the calculator once with the task's expression and
+    boxes the result, through the environment's own `reset` and `step` (its system prompt, tool
+    description, examples and tool message): SFT rows for a warm start. Raises ValueError when the
+    environment offers the tools as `tools=` schemas (an SFT row has no `tools=`: describe them
+    in the system prompt, `tools_in_system_prompt`, or not at all) or does not score it 1."""
+    [start] = env.reset([task], [0])
+    if start.tools:
+        raise ValueError(
+            "oracle transcripts are chat rows without tools=: set tools_in_system_prompt=true (or "
+            "describe_tools=false) so that the tools are described in the messages"
+        )
+    expression = f"{int(task['a'])} {task.get('op', '*')} {int(task['b'])}"
+    call = {"name": "calculator", "arguments": {"expression": expression}}
+    messages = [
+        *start.messages,
+        {"role": "assistant", "content": f"{TOOL_CALL_OPEN}\n{json.dumps(call)}\n{TOOL_CALL_CLOSE}"},
+    ]
+    turn = env.step([messages], [start.metadata])
+    observation = turn.observations[0]
+    messages += observation if isinstance(observation, list) else [observation]
+    messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{start.metadata['answer']}}}."})
+    final = env.step([messages], [turn.metadata[0]])
+    if not (final.done[0] and final.rewards[0] == 1.0 and final.info[0].get("called_tool")):
+        raise ValueError(f"the oracle transcript of {task} does not score 1: {final.info[0]}")
+    return messages
