@@ -63,7 +63,7 @@ def test_sft_saved_datasets_folder_bad_role(tiny_model_dir, tmp_path, capsys):
         str(folder)
     )
     assert run(sft(tiny_model_dir, folder, tmp_path), capsys) == (
-        f"error: {folder}[train] row 4: message 1 has role 'bot'; expected one of ['assistant', 'system', 'user']"
+        f"error: {folder}[train] row 4: message 1 has role 'bot'; expected one of ['assistant', 'system', 'tool', 'user']"
     )
 
 

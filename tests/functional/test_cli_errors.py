@@ -94,7 +94,7 @@ def test_missing_dataset_file_is_one_line(tiny_model_dir, tmp_path):
         ),
         (
             json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "2"}]}),
-            "row 9: message 1 has role 'bot'; expected one of ['assistant', 'system', 'user']",
+            "row 9: message 1 has role 'bot'; expected one of ['assistant', 'system', 'tool', 'user']",
         ),
     ],
     ids=["missing_field", "invalid_json", "bad_role"],

@@ -201,3 +201,43 @@ def test_sliding_puzzle_3x3_recipes_chain(tiny_model_dir: Path, tmp_path: Path) 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_problems"] == 4
     assert {"env/first_move_optimal_rate", "env/blind_solved_rate"} <= set(summary)
+
+
+def test_calculator_without_an_example_recipes_chain(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The calculator recipes without a worked example, each for one step: tool-call transcripts
+    (the script), SFT on them (sft_calculator.yaml), GRPO from the SFT checkpoint
+    (grpo_calculator_no_example.yaml: the tool in the system prompt, no example turns, boxed answers
+    only), then a held-out family (sums) with eval_calculator_families.yaml."""
+    import runpy
+
+    script = runpy.run_path("examples/calculator_transcripts.py", run_name="transcripts")
+    env = '{"tools_in_system_prompt": true, "answer_format": "boxed"}'
+    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_val.jsonl"
+    script["main"]([str(train), "--count", "8", "--env", env])
+    script["main"]([str(held), "--count", "4", "--seed", "99999", "--split", "heldout", "--env", env])
+    common = ["cluster.backend=local", "logging.tensorboard=false"]
+    sft_dir, grpo_dir = tmp_path / "sft", tmp_path / "grpo"
+    sft = ["sft", "--config", "examples/configs/sft_calculator.yaml", f"policy.model_name={tiny_model_dir}"]
+    sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
+    sft += ["sft.global_batch_size=4", "checkpoint.save_every=1", *common, f"logging.run_dir={sft_dir}"]
+    assert main(sft) == 0
+    [checkpoint] = (sft_dir / "checkpoints").glob("step_*")
+    grpo = ["grpo", "--config", "examples/configs/grpo_calculator_no_example.yaml"]
+    grpo += [f"policy.model_name={checkpoint / 'model'}", "data.train.environment_tasks.size=8"]
+    grpo += ["data.validation.environment_tasks.size=2", "grpo.max_steps=1", "grpo.prompts_per_step=2"]
+    grpo += ["grpo.generations_per_prompt=2", "grpo.val_every=1", "generation.max_new_tokens=6"]
+    assert main([*grpo, *common, f"logging.run_dir={grpo_dir}"]) == 0
+    rows = [json.loads(line) for line in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
+    assert all("env/tool_call_rate" in r for r in rows if "reward/mean" in r)
+    out = tmp_path / "eval"
+    evaluation = ["eval", "--config", "examples/configs/eval_calculator_families.yaml", f"model={grpo_dir}"]
+    evaluation += ["environment.kwargs.operation=+", "environment.kwargs.digits=[4,4]"]
+    evaluation += [
+        "data.dataset.environment_tasks.size=2",
+        "generation.max_new_tokens=6",
+        f"output_dir={out}",
+    ]
+    assert main(evaluation) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and all("+" in json.dumps(s) for s in samples)

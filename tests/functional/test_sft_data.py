@@ -25,6 +25,22 @@ def test_loss_mask_covers_exactly_the_assistant_turns(tokenizer):
     assert tokenizer.decode(ex.input_ids).startswith("<|im_start|>system\nBe brief.<|im_end|>")
 
 
+def test_tool_call_transcripts_train_on_the_assistant_turns_only(tmp_path, tokenizer):
+    """A calculator transcript (examples/calculator_transcripts.py): the call and the final answer are
+    targets, the tool's result is context; the tool message keeps its name."""
+    from posttrain.environments.calculator import CalculatorEnvironment, oracle_transcript
+
+    env = CalculatorEnvironment(tools_in_system_prompt=True, answer_format="boxed")
+    messages = oracle_transcript(env, {"a": 347, "b": 58})
+    path = tmp_path / "tools.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    [ex] = build_sft_dataset(DatasetConfig(path=str(path)), tokenizer, max_seq_len=1024).examples
+    targets = tokenizer.decode([t for t, m in zip(ex.input_ids, ex.loss_mask, strict=True) if m])
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 58"}}\n</tool_call>'
+    assert targets == f"{call}<|im_end|>\nThe answer is \\boxed{{20126}}.<|im_end|>\n"
+    assert "<|im_start|>tool\n20126<|im_end|>" in tokenizer.decode(ex.input_ids)
+
+
 def test_prompt_response_rows_with_context(tmp_path, tokenizer):
     path = tmp_path / "squad.jsonl"
     path.write_text(

@@ -19,6 +19,7 @@ from posttrain.environments.calculator import (
     extract_answer,
     format_number,
     oracle_transcript,
+    task_split,
 )
 from posttrain.environments.tools import tools_system_prompt
 
@@ -297,5 +298,19 @@ def test_the_script_writes_sft_rows(tmp_path: Path, capsys: pytest.CaptureFixtur
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6 and "wrote 6 transcripts" in capsys.readouterr().out
     env = CalculatorEnvironment(**kwargs)
-    assert [r["task"] for r in rows] == env.generate_tasks(6, 3)
+    assert [r["task"] for r in rows] == env.generate_tasks(6, 3, split="train")
     assert all(r["messages"] == oracle_transcript(env, r["task"]) for r in rows)
+
+
+def test_train_and_heldout_pools_share_no_operands() -> None:
+    """About one task in 8 is held out, by its operands and operation (not its phrasing), whatever the seed."""
+    env = CalculatorEnvironment(phrasings=["what_is", "times"])
+    train, held = env.generate_tasks(3000, 11, split="train"), env.generate_tasks(400, 11, split="heldout")
+    assert len(train) == 3000 and len(held) == 400
+    assert not {(t["a"], t["b"]) for t in train} & {(t["a"], t["b"]) for t in held}
+    assert {task_split(t) for t in train} == {"train"} and {task_split(t) for t in held} == {"heldout"}
+    share = sum(task_split(t) == "heldout" for t in env.generate_tasks(4000, 5)) / 4000
+    assert 0.09 < share < 0.16
+    assert task_split({"a": 12, "b": 34}) == task_split({"a": 12, "b": 34, "phrasing": "multiply"})
+    with pytest.raises(ValueError, match="split must be one of"):
+        env.generate_tasks(1, 0, split="test")

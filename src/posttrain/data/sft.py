@@ -10,6 +10,10 @@ from posttrain.data.sources import DataError, Row, load_rows
 from posttrain.data.tokenize import Message, TokenizedExample, tokenize_conversation
 
 ROLES = {"system", "user", "assistant"}
+SFT_ROLES = ROLES | {"tool"}
+"""An SFT conversation may hold `tool` messages (a tool's result, as in multi-turn episodes with
+tools: not trained on, like every turn but the assistant's); they keep `name` and `tool_call_id`."""
+TOOL_MESSAGE_KEYS = ("name", "tool_call_id")
 
 
 @dataclass
@@ -37,7 +41,12 @@ def row_to_messages(row: Row, cfg: DatasetConfig) -> list[Message]:
     if fmt == "messages":
         messages = _require(row, cfg.messages_key)
         _check_messages(row, messages)
-        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        messages = [
+            {"role": m["role"], "content": m["content"], **{k: m[k] for k in TOOL_MESSAGE_KEYS if k in m}}
+            if m["role"] == "tool"
+            else {"role": m["role"], "content": m["content"]}
+            for m in messages
+        ]
     else:
         prompt = _require(row, cfg.prompt_key)
         response = _require(row, cfg.response_key)
@@ -65,9 +74,9 @@ def _check_messages(row: Row, messages: Any) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise DataError(f"{row.where}: message {i} must have `role` and `content`, got {m!r}")
-        if m["role"] not in ROLES:
+        if m["role"] not in SFT_ROLES:
             raise DataError(
-                f"{row.where}: message {i} has role {m['role']!r}; expected one of {sorted(ROLES)}"
+                f"{row.where}: message {i} has role {m['role']!r}; expected one of {sorted(SFT_ROLES)}"
             )
         if not isinstance(m["content"], str):
             raise DataError(f"{row.where}: message {i} has content {m['content']!r}; expected a string")

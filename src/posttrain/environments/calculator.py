@@ -25,6 +25,7 @@ import math
 import operator
 import random
 import re
+import zlib
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -178,6 +179,16 @@ held-out families ask the same thing in words training never used."""
 TOOL_HINT = "You can use the calculator tool. Give your final answer as a number in \\boxed{}."
 
 
+SPLITS = ("train", "heldout")
+
+
+def task_split(task: dict[str, Any]) -> str:
+    """ "heldout" for one task in 8 by a stable hash of its operands and operation (never its
+    phrasing: a held-out question is not a training one in other words), else "train"."""
+    key = f"{int(task['a'])} {task.get('op', '*')} {int(task['b'])}".encode()
+    return "heldout" if zlib.crc32(key) % 8 == 0 else "train"
+
+
 def task_prompt(a: int, b: int, op: str = "*", phrasing: str = "what_is") -> str:
     """The user turn of a task: the question, then the tool hint."""
     if op not in PHRASINGS:
@@ -252,13 +263,17 @@ class CalculatorEnvironment(ToolEnvironment):
             describe_tools=describe_tools,
         )
 
-    def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
+    def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
         """`count` tasks of the family, drawn from `seed`: operands of `digits` digits (3 and 2 by
         default: a in 100..999, b in 10..99), a phrasing drawn per task when there are several.
-        Tasks of the default family are `{"a", "b"}` only."""
+        Tasks of the default family are `{"a", "b"}` only. `split` "train" or "heldout" keeps only
+        the draws of that pool (`task_split`: disjoint by operands, whatever the seeds); None keeps
+        every draw."""
+        if split not in (None, *SPLITS):
+            raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         rng = random.Random(seed)
         (da, db), tasks = self.digits, []
-        for _ in range(count):
+        while len(tasks) < count:
             task: dict[str, Any] = {
                 "a": rng.randint(10 ** (da - 1), 10**da - 1),
                 "b": rng.randint(10 ** (db - 1), 10**db - 1),
@@ -268,7 +283,8 @@ class CalculatorEnvironment(ToolEnvironment):
                 task["op"] = self.operation
             if phrasing != "what_is":
                 task["phrasing"] = phrasing
-            tasks.append(task)
+            if split is None or task_split(task) == split:
+                tasks.append(task)
         return tasks
 
     def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
