@@ -21,6 +21,7 @@ RECIPES = {
     "grpo_code.yaml": "env/pass_rate",
     "grpo_code_docstring.yaml": "env/pass_rate",
     "grpo_reasoning_gym.yaml": "env/tries_per_episode",
+    "grpo_reasoning_gym_direction.yaml": "env/first_try_accuracy",
     "grpo_wordle.yaml": "env/solved_rate",
 }
 

@@ -11,6 +11,7 @@ from posttrain.environments import ENVIRONMENTS
 from posttrain.environments.reasoning_gym_env import (
     BOXED_SYSTEM_PROMPT,
     ReasoningGymEnvironment,
+    direction_hint,
     extract_answer,
 )
 
@@ -141,6 +142,26 @@ def test_retry_with_feedback() -> None:
     assert [r.done[0] for r in results] == [False, False, True]
     assert [r.rewards[0] for r in results] == [0.0, 0.0, 0.0]
     assert env.batch_metrics(results[-1])["env/tries_per_episode"] == 3.0
+
+
+def test_direction_feedback_says_too_high_or_too_low() -> None:
+    """feedback="direction": the retry turn carries the answer's direction from the gold answer
+    (entry 0 of seed 3, size 4 is -61); no hint where either side is not a number or nothing was found."""
+    env = ReasoningGymEnvironment(
+        "basic_arithmetic", max_tries=2, retry_discount=0.5, timeout_s=None, feedback="direction"
+    )
+    task = {"seed": 3, "size": 4, "index": 0}
+    fmt = "Try again, and give your final answer as <answer>your answer</answer>."
+    for answer, hint in (("-60", " It is too high."), ("-75", " It is too low."), ("sixty", "")):
+        [first] = start_and_reply(env, task, f"<answer>{answer}</answer>")
+        expected = f"Your answer {answer!r} scored 0 out of 1, which is not correct.{hint} {fmt}"
+        assert first.observations[0]["content"] == expected
+    [none] = start_and_reply(env, task, "no answer")
+    assert none.observations[0]["content"].startswith("I could not find your final answer.")
+    assert direction_hint("1,234", "1234") is None and direction_hint(" 12 ", "7") == "It is too high."
+    assert direction_hint("2.5", "3") == "It is too low." and direction_hint("3", "[1, 2]") is None
+    with pytest.raises(ValueError, match="feedback must be"):
+        ReasoningGymEnvironment("basic_arithmetic", timeout_s=None, feedback="hints")
 
 
 def test_format_reward_is_the_least_reward_of_a_found_wrong_answer() -> None:

@@ -92,6 +92,24 @@ def extract_answer(reply: str, answer_format: str) -> str | None:
     return answers[-1]
 
 
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _as_number(text: Any) -> float | None:
+    """`text` as a number when it is one (spaces and commas between digits ignored), else None."""
+    cleaned = re.sub(r"(?<=\d),(?=\d{3})|\s", "", str(text))
+    return float(cleaned) if _NUMBER.fullmatch(cleaned) else None
+
+
+def direction_hint(answer: str, gold: Any) -> str | None:
+    """ "It is too high." / "It is too low." when the answer and the gold answer are both numbers
+    and differ, else None: feedback that carries information a second try can use."""
+    value, target = _as_number(answer), _as_number(gold) if gold is not None else None
+    if value is None or target is None or value == target:
+        return None
+    return "It is too high." if value > target else "It is too low."
+
+
 def check_retry_rewards(
     *, max_tries: int, success_threshold: float, retry_discount: float, format_reward: float
 ) -> None:
@@ -151,6 +169,9 @@ class ReasoningGymEnvironment(PooledEnvironment):
             max_tries > 1 it must be <= success_threshold * (1 - retry_discount) (`check_retry_rewards`).
         timeout_s: limit for scoring one answer, in a subprocess; None scores in-process.
         num_procs: scoring processes.
+        feedback: "verdict" (the retry turn says the answer's score and that it is not correct) or
+            "direction" (for a numeric task, also whether the answer is too high or too low: the
+            second try has information the first did not; the verdict alone is its baseline).
 
     Metadata: the task's fields, "entry" (question, answer, metadata) and "tries" (answers so far).
     Info per turn: "extracted_answer", "score", "correct", "tries", "verifier_error", "copied_prompt".
@@ -171,8 +192,13 @@ class ReasoningGymEnvironment(PooledEnvironment):
         format_reward: float = 0.0,
         timeout_s: float | None = 10.0,
         num_procs: int = 1,
+        feedback: Literal["verdict", "direction"] = "verdict",
     ) -> None:
         import reasoning_gym
+
+        if feedback not in ("verdict", "direction"):
+            raise ValueError(f"feedback must be 'verdict' or 'direction', got {feedback!r}")
+        self.feedback_mode = feedback
 
         if dataset not in reasoning_gym.factory.DATASETS:
             raise ValueError(
@@ -259,12 +285,17 @@ class ReasoningGymEnvironment(PooledEnvironment):
             )
         return [(float(o.value), None) if o.ok else (0.0, o.error) for o in self._pool.map(args)]
 
-    def feedback(self, answer: str | None, score: float) -> str:
-        """The user turn after an answer that is not correct."""
+    def feedback(self, answer: str | None, score: float, gold: Any = None) -> str:
+        """The user turn after an answer that is not correct: the verdict, and with
+        `feedback="direction"` whether a numeric answer is too high or too low (`direction_hint`)."""
         fmt = "<answer>your answer</answer>" if self.answer_format == "answer_tag" else "\\boxed{your answer}"
         if answer is None:
             return f"I could not find your final answer. Try again, and give it as {fmt}."
-        return f"Your answer {answer!r} scored {score:g} out of 1, which is not correct. Try again, and give your final answer as {fmt}."
+        verdict = f"Your answer {answer!r} scored {score:g} out of 1, which is not correct."
+        hint = direction_hint(answer, gold) if self.feedback_mode == "direction" else None
+        if hint:
+            verdict += f" {hint}"
+        return f"{verdict} Try again, and give your final answer as {fmt}."
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         answers = [extract_answer(last_assistant_content(log), self.answer_format) for log in message_logs]
@@ -286,7 +317,9 @@ class ReasoningGymEnvironment(PooledEnvironment):
                 reward = max(reward, self.format_reward)
             rewards.append(reward)
             observations.append(
-                None if finished else {"role": "user", "content": self.feedback(answer, score)}
+                None
+                if finished
+                else {"role": "user", "content": self.feedback(answer, score, meta["entry"].get("answer"))}
             )
             done.append(finished)
             new_metadata.append({**meta, "tries": tries})
