@@ -37,6 +37,7 @@ PLOTS = [
     "distill/top1_agreement",
     "distill/sampled_reverse_kl",
     "val/accuracy",
+    "val/response_length",
     "reward/mean",
     "response_length",
     "timing/teacher",

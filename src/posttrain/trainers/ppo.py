@@ -60,6 +60,7 @@ from posttrain.trainers.rl.runtime import RLRuntime
 PLOTS = [
     "reward/mean",
     "val/accuracy",
+    "val/response_length",
     "critic/explained_variance",
     "critic/value_loss",
     "returns/mean",
