@@ -37,7 +37,14 @@ class ReinforceMATrainer(RLAlgorithm):
 
     name = "REINFORCE-MA"
     run_kind = "reinforce_ma"
-    plots = ["reward/mean", "reinforce_ma/baseline", "val/accuracy", "val/response_length", "pg_loss", "response_length"]
+    plots = [
+        "reward/mean",
+        "reinforce_ma/baseline",
+        "val/accuracy",
+        "val/response_length",
+        "pg_loss",
+        "response_length",
+    ]
 
     def __init__(self, cfg: ReinforceMAConfig) -> None:
         self.cfg, self.loop = cfg, cfg.reinforce_ma
