@@ -118,7 +118,7 @@ def calculator(expression: str) -> str:
     return format_number(_check_number(value))
 
 
-def _as_number(text: str) -> float | None:
+def parse_number(text: str) -> float | None:
     """A number written in `text` (commas between digit groups allowed, `$`/spaces ignored), or None."""
     cleaned = re.sub(r"[\s$]", "", text).rstrip(".")
     if not _NUMBER.fullmatch(cleaned):
@@ -151,7 +151,7 @@ def score_number_answer(reply: str, answer: Any, answer_format: str) -> tuple[fl
     """1.0 when the reply's answer (`extract_answer`) equals the number `answer`, else 0.0; info
     "extracted_answer" and "correct"."""
     extracted = extract_answer(reply, answer_format)
-    value = _as_number(extracted) if extracted is not None else None
+    value = parse_number(extracted) if extracted is not None else None
     correct = value is not None and value == float(answer)
     return float(correct), {"extracted_answer": extracted, "correct": correct}
 

@@ -36,6 +36,7 @@ import re
 from collections import OrderedDict
 from typing import Any, ClassVar, Literal
 
+from posttrain.environments.calculator import parse_number
 from posttrain.environments.interface import (
     EnvStepResult,
     EpisodeStart,
@@ -92,19 +93,10 @@ def extract_answer(reply: str, answer_format: str) -> str | None:
     return answers[-1]
 
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def _as_number(text: Any) -> float | None:
-    """`text` as a number when it is one (spaces and commas between digits ignored), else None."""
-    cleaned = re.sub(r"(?<=\d),(?=\d{3})|\s", "", str(text))
-    return float(cleaned) if _NUMBER.fullmatch(cleaned) else None
-
-
 def direction_hint(answer: str, gold: Any) -> str | None:
     """ "It is too high." / "It is too low." when the answer and the gold answer are both numbers
     and differ, else None: feedback that carries information a second try can use."""
-    value, target = _as_number(answer), _as_number(gold) if gold is not None else None
+    value, target = parse_number(answer), parse_number(str(gold)) if gold is not None else None
     if value is None or target is None or value == target:
         return None
     return "It is too high." if value > target else "It is too low."
