@@ -22,7 +22,8 @@ no validation, no checkpoints): steps per hour of
                      (max_trajectory_age_steps=1, truncated importance correction): generation and
                      its environment calls run in a thread of the trainer's process while it trains.
 Steps per hour = 3600 x (steps - 1) / (sum of `timing/step` after the first): the first step of
-every arm (model warm-up; async: nothing to overlap yet) is left out.
+every arm (model warm-up; async: nothing to overlap yet) is left out. Each arm runs in a process of
+its own.
 
 Targets (issue #34) on 2 cores: continuous keeps >= 90% of its zero-latency episodes/s at 200 ms;
 async >= 1.4x the best synchronous arm's steps per hour at 200 ms. Both ratios are printed.
@@ -36,6 +37,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -143,8 +145,8 @@ def grpo_overrides(arm: str, latency_ms: float, args: argparse.Namespace, run_di
     return [f"{k}={v}" for k, v in overrides.items()]
 
 
-def grpo_rate(arm: str, latency_ms: float, args: argparse.Namespace, run_dir: Path) -> float:
-    """Steps per hour of one GRPO arm at `latency_ms`, its first step left out."""
+def grpo_step_times(arm: str, latency_ms: float, args: argparse.Namespace, run_dir: Path) -> list[float]:
+    """`timing/step` of every step of one GRPO arm at `latency_ms` (run in this process)."""
     from posttrain.config import load_config
     from posttrain.config.rl import GRPOConfig
     from posttrain.trainers.grpo import GRPOTrainer
@@ -155,7 +157,19 @@ def grpo_rate(arm: str, latency_ms: float, args: argparse.Namespace, run_dir: Pa
         result = trainer.runtime.fit()
     finally:
         trainer.runtime.shutdown()
-    times = [h["timing/step"] for h in result.history if "timing/step" in h][1:]
+    return [h["timing/step"] for h in result.history if "timing/step" in h]
+
+
+def grpo_rate(arm: str, latency_ms: float, args: argparse.Namespace, run_dir: Path) -> float:
+    """Steps per hour of one GRPO arm at `latency_ms`, its first step left out. Each arm runs in a
+    fresh process: nothing one arm leaves behind (threads, memory, caches) reaches the next."""
+    child = {"arm": arm, "latency_ms": latency_ms, "run_dir": str(run_dir), "args": vars(args)}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--grpo-child", json.dumps(child)], stdout=subprocess.PIPE, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"GRPO arm {arm} at {latency_ms} ms exited with {proc.returncode}")
+    times = json.loads(proc.stdout.strip().splitlines()[-1])[1:]
     rate = 3600 * len(times) / sum(times)
     print(
         f"  grpo {latency_ms:6.0f} ms {arm:15}: {rate:6.0f} steps/h (steps {[round(t, 1) for t in times]} s); "
@@ -211,7 +225,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per arm (the first is not counted)")
     parser.add_argument("--grpo-arms", nargs="*", choices=GRPO_ARMS, default=list(GRPO_ARMS))
     parser.add_argument("--skip-rollouts", action="store_true")
+    parser.add_argument("--grpo-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.grpo_child:  # one GRPO arm, in a process of its own (`grpo_rate`): its step times on stdout
+        child = json.loads(args.grpo_child)
+        arm_args = argparse.Namespace(**child["args"])
+        times = grpo_step_times(child["arm"], child["latency_ms"], arm_args, Path(child["run_dir"]))
+        print(json.dumps(times))
+        return
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is not counted)")
 

@@ -8,8 +8,9 @@ raise `WorkerError` naming the failed worker with its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from posttrain.config.common import ClusterConfig
@@ -25,8 +26,33 @@ class WorkerError(RuntimeError):
         self.cause = cause
 
 
+@contextlib.contextmanager
+def torch_threads(num_threads: int | None) -> Iterator[None]:
+    """Run the block with `num_threads` torch CPU threads (None: unchanged), then restore the count.
+
+    torch's CPU thread count belongs to the calling thread (an OpenMP setting per thread; a new thread
+    starts from the count of the process's first setting): setting it here changes nothing for the
+    controller's other threads, and restoring it keeps a worker's setting from leaking into them."""
+    import torch
+
+    before = torch.get_num_threads()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 class LocalWorkers:
-    """One worker in the controller's process."""
+    """One worker in the controller's process.
+
+    Its constructor and every call run under the worker's own `num_threads` (its constructor's
+    argument, if it has one) in the calling thread, restored after: a local worker's thread count does
+    not leak into the controller (a generation worker constructed with 1 thread once left the policy
+    training on 1 of 2 cores), and a worker called from another thread (the asynchronous collector)
+    decodes with its own count while the controller's thread trains with its own."""
 
     def __init__(self, cls: type, kwargs_per_rank: Sequence[dict[str, Any]], *, name: str) -> None:
         if len(kwargs_per_rank) != 1:
@@ -35,14 +61,17 @@ class LocalWorkers:
                 "(cluster.num_workers); use cluster.backend=ray for data parallelism"
             )
         self.names = [f"{name}-0 (local)"]
-        self.instances = [cls(**kwargs_per_rank[0])]
+        self.num_threads: int | None = kwargs_per_rank[0].get("num_threads")
+        with torch_threads(self.num_threads):
+            self.instances = [cls(**kwargs_per_rank[0])]
 
     def __len__(self) -> int:
         return 1
 
     def run(self, method: Callable, args_per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
         args = args_per_rank[0] if args_per_rank else ()
-        return [method(self.instances[0], *args, **kwargs)]
+        with torch_threads(self.num_threads):
+            return [method(self.instances[0], *args, **kwargs)]
 
     def shutdown(self) -> None:
         self.instances.clear()

@@ -1,0 +1,67 @@
+"""A local worker's torch thread count stays its own: it neither leaks into the controller nor
+follows the controller's (the bug: a split-placement generation worker built with 1 thread left the
+policy training on 1 thread for the rest of the run, and every later run in that process too)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from posttrain.distributed.workers import LocalWorkers, torch_threads
+
+
+class OneThreadWorker:
+    """Like GenerationWorker: sets its thread count in its constructor."""
+
+    def __init__(self, num_threads: int | None = None) -> None:
+        if num_threads:
+            torch.set_num_threads(num_threads)
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_local_workers_thread_count_does_not_leak_into_the_controller(two_threads):
+    workers = LocalWorkers(OneThreadWorker, [{"num_threads": 1}], name="generation")
+    assert torch.get_num_threads() == 2  # the constructor's setting was undone
+    assert workers.run(OneThreadWorker.threads) == [1]  # the worker's calls run with its own
+    assert torch.get_num_threads() == 2
+
+
+def test_a_worker_called_from_another_thread_keeps_its_count_while_the_controller_keeps_its_own(two_threads):
+    workers = LocalWorkers(OneThreadWorker, [{"num_threads": 1}], name="generation")
+    seen: dict[str, int] = {}
+    inside = threading.Event()
+    release = threading.Event()
+
+    class Probe(OneThreadWorker):
+        def wait(self) -> int:
+            inside.set()
+            release.wait(10)
+            return torch.get_num_threads()
+
+    workers.instances = [Probe()]
+    thread = threading.Thread(target=lambda: seen.update(worker=workers.run(Probe.wait)[0]))
+    thread.start()
+    assert inside.wait(10)
+    seen["controller"] = torch.get_num_threads()  # while the worker's call is in flight
+    release.set()
+    thread.join(10)
+    assert seen == {"worker": 1, "controller": 2}
+
+
+def test_without_a_thread_count_nothing_changes(two_threads):
+    workers = LocalWorkers(OneThreadWorker, [{}], name="policy")
+    assert workers.run(OneThreadWorker.threads) == [2]
+    with torch_threads(None):
+        assert torch.get_num_threads() == 2
