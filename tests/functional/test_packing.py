@@ -66,6 +66,35 @@ def test_packed_logprobs_and_gradients_equal_padded(tiny_model_dir):
         torch.testing.assert_close(grads_packed[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("packed", [True, False])
+def test_activation_checkpointing_gives_the_same_logprobs_and_gradients(tiny_model_dir, packed):
+    """Recomputing each layer in backward changes no number: the recomputation runs with the attention
+    the forward ran with (a packed forward's layers were once recomputed with the model's "sdpa":
+    torch refused, "a different number of tensors was saved", and policy.activation_checkpointing
+    with the default packed_sequences could not train at all). float64: equal to 1e-12."""
+    from posttrain.modeling.attention import enable_activation_checkpointing
+
+    ids, mask = padded_batch()
+    target = mask.clone().double()
+    target[:, :4] = 0
+
+    def logprobs_and_grads(checkpointing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float64).train()
+        if checkpointing:
+            enable_activation_checkpointing(model)
+        lp = token_logprobs(model, ids, mask, target, packed=packed)
+        (lp * torch.linspace(0.5, 1.5, lp.numel(), dtype=torch.float64).view_as(lp)).sum().backward()
+        assert model.config._attn_implementation == "sdpa"  # restored after forward and backward
+        return lp.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    lp_plain, grads_plain = logprobs_and_grads(checkpointing=False)
+    lp_ckpt, grads_ckpt = logprobs_and_grads(checkpointing=True)
+    torch.testing.assert_close(lp_ckpt, lp_plain, rtol=0, atol=1e-12)
+    for name, grad in grads_plain.items():
+        torch.testing.assert_close(grads_ckpt[name], grad, rtol=0, atol=1e-12, msg=name)
+
+
 class _NoAttentionDecoder(torch.nn.Module):
     """A decoder that never calls transformers' attention functions (as a custom model might)."""
 

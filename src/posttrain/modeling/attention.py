@@ -20,6 +20,7 @@ posttrain loads it; the packed path applies the soft-cap itself (`posttrain.mode
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -101,3 +102,38 @@ def attention_implementation(
         yield
     finally:
         config._attn_implementation = previous
+
+
+def _recompute_contexts(
+    config: Any,
+) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """`torch.utils.checkpoint`'s `context_fn`: called when a checkpointed layer runs forward, it
+    returns (the forward's context, the recomputation's). The recomputation, in backward, runs with
+    the attention implementation the forward ran with: a packed forward selects packed attention only
+    while it runs (`attention_implementation`), and recomputing a packed layer with the model's own
+    "sdpa" would attend across the packed sequences (torch refuses: a different number of tensors
+    saved)."""
+    return contextlib.nullcontext(), _implementation_as(config, config._attn_implementation)
+
+
+@contextmanager
+def _implementation_as(config: Any, name: str) -> Iterator[None]:
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant `torch.utils.checkpoint`),
+    with the attention implementation of the forward being recomputed (`_recompute_contexts`)."""
+    import functools
+
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={
+            "use_reentrant": False,
+            "context_fn": functools.partial(_recompute_contexts, model.config),
+        }
+    )

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from posttrain.algorithms.metrics import accumulate_metrics
 from posttrain.config.common import PolicyConfig
 from posttrain.data.batching import TokenBatch
+from posttrain.modeling.attention import enable_activation_checkpointing
 from posttrain.modeling.loading import (
     DTYPES,
     MASTER_DTYPE,
@@ -102,7 +103,7 @@ class Policy:
             apply_lora(self.model, cfg.lora, base_model=model_path, **self.lora_options())
         self.model = self.model.to(self.device)
         if cfg.activation_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.model)
         self.model.config.use_cache = False
         if cfg.compile:
             compile_decoder_layers(self.model)
