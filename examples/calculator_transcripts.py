@@ -7,20 +7,24 @@ prompt (the tool described in it) and question, an assistant turn that calls
 checks that the environment scores it 1). `posttrain sft` reads the files as `data.train.path` and
 `data.validation.path`:
 
-    ENV='{"tools_in_system_prompt": true, "answer_format": "boxed"}'
-    python examples/calculator_transcripts.py data/calculator_sft.jsonl --count 2000 --env "$ENV"
+    PRODUCTS='{"tools_in_system_prompt": true, "answer_format": "boxed"}'
+    SUMS='{"tools_in_system_prompt": true, "answer_format": "boxed", "operation": "+"}'
+    python examples/calculator_transcripts.py data/calculator_sft.jsonl --count 2000 \\
+        --env "$PRODUCTS" --env "$SUMS"
     python examples/calculator_transcripts.py data/calculator_sft_val.jsonl --count 64 --seed 99999 \\
-        --split heldout --env "$ENV"
+        --split heldout --env "$PRODUCTS" --env "$SUMS"
 
 Tasks come from the training pool by default (`--split heldout`: the pool the GRPO recipe validates
 on; the pools share no operands, `posttrain.environments.calculator.task_split`). `--env` takes
 the environment's keyword arguments: give the GRPO recipe's (the transcripts must be
-the episodes' format) and the family to learn from (`operation`, `digits`, `phrasings`).
+the episodes' format) and the family to learn from (`operation`, `digits`, `phrasings`); several
+`--env` share the count out among their families (the i-th drawn from seed + i), rows interleaved.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -28,15 +32,22 @@ from posttrain.environments.calculator import CalculatorEnvironment, oracle_tran
 
 
 def write_transcripts(
-    out: Path, env: CalculatorEnvironment, count: int, seed: int, split: str | None = "train"
+    out: Path, envs: list[CalculatorEnvironment], count: int, seed: int, split: str | None = "train"
 ) -> int:
-    """Write the transcripts of `count` tasks of `split` drawn from `seed`; returns the number written."""
+    """Write the transcripts of `count` tasks of `split` drawn from `seed`, shared out among `envs`
+    (task families: one operation each, say) and interleaved, so that every batch mixes them;
+    returns the number written."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tasks = env.generate_tasks(count, seed, split=split)
+    shares = [count // len(envs) + (i < count % len(envs)) for i in range(len(envs))]
+    per_env = [
+        [(env, t) for t in env.generate_tasks(n, seed + i, split=split)]  # family i draws from seed + i
+        for i, (env, n) in enumerate(zip(envs, shares, strict=True))
+    ]
+    rows = [row for group in itertools.zip_longest(*per_env) for row in group if row is not None]
     with open(out, "w") as f:
-        for task in tasks:
+        for env, task in rows:
             f.write(json.dumps({"messages": oracle_transcript(env, task), "task": task}) + "\n")
-    return len(tasks)
+    return len(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,10 +56,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=2000, help="tasks (one transcript each)")
     parser.add_argument("--seed", type=int, default=11, help="seed of the draw")
     parser.add_argument("--split", choices=["train", "heldout"], default="train", help="the pool of tasks")
-    parser.add_argument("--env", default="{}", help="CalculatorEnvironment keyword arguments, as JSON")
+    parser.add_argument(
+        "--env",
+        action="append",
+        help="CalculatorEnvironment keyword arguments, as JSON; repeat it for several task families "
+        "(the count is shared out among them, the rows interleaved)",
+    )
     args = parser.parse_args(argv)
-    env = CalculatorEnvironment(**json.loads(args.env))
-    written = write_transcripts(args.out, env, args.count, args.seed, args.split)
+    envs = [CalculatorEnvironment(**json.loads(kwargs)) for kwargs in args.env or ["{}"]]
+    written = write_transcripts(args.out, envs, args.count, args.seed, args.split)
     print(f"wrote {written} transcripts to {args.out}")
 
 

@@ -302,6 +302,32 @@ def test_the_script_writes_sft_rows(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert all(r["messages"] == oracle_transcript(env, r["task"]) for r in rows)
 
 
+def test_the_script_mixes_task_families(tmp_path: Path) -> None:
+    """Two --env: the count shared out (3 + 2), rows interleaved, each family drawn from its own seed."""
+    script = runpy.run_path(
+        str(Path(__file__).parents[2] / "examples" / "calculator_transcripts.py"), run_name="transcripts"
+    )
+    products = {"tools_in_system_prompt": True, "answer_format": "boxed"}
+    sums = {**products, "operation": "+"}
+    out = tmp_path / "sft.jsonl"
+    script["main"](
+        [str(out), "--count", "5", "--seed", "3", "--env", json.dumps(products), "--env", json.dumps(sums)]
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    envs = [CalculatorEnvironment(**products), CalculatorEnvironment(**sums)]
+    expected = [envs[0].generate_tasks(3, 3, split="train"), envs[1].generate_tasks(2, 4, split="train")]
+    assert [r["task"] for r in rows] == [
+        expected[0][0],
+        expected[1][0],
+        expected[0][1],
+        expected[1][1],
+        expected[0][2],
+    ]
+    assert [r["messages"][2]["content"].count(" + ") for r in rows] == [0, 1, 0, 1, 0]  # the call's operator
+    for row, env in zip(rows, [envs[0], envs[1], envs[0], envs[1], envs[0]], strict=True):
+        assert row["messages"] == oracle_transcript(env, row["task"])
+
+
 def test_train_and_heldout_pools_share_no_operands() -> None:
     """About one task in 8 is held out, by its operands and operation (not its phrasing), whatever the seed."""
     env = CalculatorEnvironment(phrasings=["what_is", "times"])
