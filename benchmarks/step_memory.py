@@ -150,6 +150,7 @@ def child(spec: dict) -> dict:
     vocab = policy.model.get_output_embeddings().weight.shape[0]
     small = make_batch(32, 16, vocab, spec["kind"])
     policy.train(small, *loss_for(spec["kind"], small, cfg))  # allocates AdamW's moments
+    policy.optimizer.zero_grad(set_to_none=True)  # the step allocates its gradients itself
     batch = make_batch(spec["tokens"], spec["row_tokens"], vocab, spec["kind"])
     fn, normalizer = loss_for(spec["kind"], batch, cfg)
     if spec["kind"] == "grpo":  # π_old: the policy's own logprobs (exactly on-policy, ratio 1)
