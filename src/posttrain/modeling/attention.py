@@ -95,13 +95,8 @@ def attention_implementation(
     """Run every attention layer of `model` with the attention function `name` while the block runs;
     `function` registers it first (a posttrain function that transformers does not know yet)."""
     register(name, function)
-    config = model.config
-    previous = config._attn_implementation
-    config._attn_implementation = name
-    try:
+    with _implementation_as(model.config, name):
         yield
-    finally:
-        config._attn_implementation = previous
 
 
 def _recompute_contexts(
@@ -118,6 +113,7 @@ def _recompute_contexts(
 
 @contextmanager
 def _implementation_as(config: Any, name: str) -> Iterator[None]:
+    """The block runs with `config._attn_implementation = name`; the previous one is restored."""
     previous = config._attn_implementation
     config._attn_implementation = name
     try:
