@@ -78,7 +78,7 @@ def test_hanging_verifier_through_ray(ray_cluster):
         start = time.monotonic()
         result = envs.step(logs, [{"answer": a} for a in answers])
         elapsed = time.monotonic() - start
-        assert elapsed < 15, f"hung verifiers blocked the batch for {elapsed:.1f}s"
+        assert elapsed < 30, f"hung verifiers (60 s) blocked the batch for {elapsed:.1f}s"
         assert result.rewards == [0.0 if k in (2, 6) else 1.0 for k in range(8)]
         assert [i["verifier_error"] for i in result.info] == [
             "timeout" if k in (2, 6) else None for k in range(8)

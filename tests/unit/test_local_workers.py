@@ -23,12 +23,20 @@ class OneThreadWorker:
         return torch.get_num_threads()
 
 
-@pytest.fixture
-def two_threads():
+def vllm_skip_set_num_threads(num_threads: int) -> None:
+    """What vLLM's CPU worker puts in place of `torch.set_num_threads`, process-wide, once it has bound
+    its threads (a local vLLM engine runs in the controller's process; CI once ran these tests in a
+    pytest process after one)."""
+
+
+@pytest.fixture(params=["torch", "after_vllm"])
+def two_threads(request, monkeypatch):
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch._C.set_num_threads(2)
+    if request.param == "after_vllm":
+        monkeypatch.setattr(torch, "set_num_threads", vllm_skip_set_num_threads)
     yield
-    torch.set_num_threads(before)
+    torch._C.set_num_threads(before)
 
 
 def test_a_local_workers_thread_count_does_not_leak_into_the_controller(two_threads):
