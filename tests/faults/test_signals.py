@@ -54,8 +54,9 @@ def stop_during_save_of_step_2(args: list[str], *signals: signal.Signals) -> tup
         kill_tree_leftovers(run)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_during_a_save_lets_it_finish_and_the_rerun_resumes_after_it(tiny_model_dir, tmp_path, signum):
+def test_signal_during_a_save_lets_it_finish_and_the_rerun_resumes_after_it(tiny_model_dir, tmp_path):
+    """SIGTERM here; SIGINT as the first signal: the dpo case of the test between checkpoints below."""
+    signum = signal.SIGTERM
     data = write_sft_jsonl(tmp_path / "train.jsonl", n=24)
     run_dir = tmp_path / "run"
     args = sft_args(tiny_model_dir, data, run_dir)
@@ -128,19 +129,26 @@ def _grpo(model, data_dir, run_dir) -> list[str]:
     return ["grpo", *[f"{k}={v}" for k, v in settings.items()]]
 
 
-@pytest.mark.parametrize("make_args", [_sft, _dpo, _grpo], ids=["sft", "dpo", "grpo"])
-def test_sigterm_between_checkpoints_saves_the_last_finished_step(tiny_model_dir, tmp_path, make_args):
+@pytest.mark.parametrize(
+    ("make_args", "signum"),
+    [(_sft, signal.SIGTERM), (_dpo, signal.SIGINT), (_grpo, signal.SIGTERM)],
+    ids=["sft", "dpo_sigint", "grpo"],
+)
+def test_a_signal_between_checkpoints_saves_the_last_finished_step(
+    tiny_model_dir, tmp_path, make_args, signum
+):
     """checkpoint.save_every=1000: before this change a preempted run kept nothing."""
     run_dir = tmp_path / "run"
     args = [*make_args(tiny_model_dir, tmp_path, run_dir), "checkpoint.save_every=1000"]
     run = start(args)
     try:
         wait_for(lambda: len(logged_steps(run_dir)) >= 2, run, what="two logged steps")
-        os.kill(run.pid, signal.SIGTERM)
+        os.kill(run.pid, signum)
         returncode, output = finish(run)
     finally:
         kill_tree_leftovers(run)
     assert returncode == 130, output[-3000:]
+    assert f"{signum.name}: stopping after the current step" in output
     steps = logged_steps(run_dir)
     last = steps[-1]
     assert 2 <= last < 40 and steps == list(range(1, last + 1))

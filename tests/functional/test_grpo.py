@@ -138,9 +138,10 @@ def _run_on_ray(model_dir, run_dir, placement: str, **extra) -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("placement", ["colocated", "split", "split_object_store", "split_collective"])
+@pytest.mark.parametrize("placement", ["colocated", "split", "split_collective"])
 def test_grpo_two_steps_on_ray(ray_cluster, tiny_model_dir, tmp_path, placement):
-    """split: refit_transport=auto (shared memory on this CPU machine); then the two other transports."""
+    """split: refit_transport=auto (shared memory on this CPU machine); split_collective: a gloo
+    broadcast (the object store: test_multinode.py's refit across nodes)."""
     _run_on_ray(tiny_model_dir, tmp_path / placement, placement)
 
 

@@ -86,13 +86,14 @@ def test_data_parallel_over_two_nodes_equals_one_worker(ray_nodes, tiny_model_di
     assert not torch.equal(weights[1]["model.norm.weight"], torch.ones_like(weights[1]["model.norm.weight"]))
 
 
-@pytest.mark.parametrize("transport", ["object_store", "collective"])
-def test_refit_across_nodes(ray_nodes, tiny_model_dir, tmp_path, transport):
+def test_refit_across_nodes(ray_nodes, tiny_model_dir, tmp_path):
     """The policy on one node, the generation worker on the other: after every update the new
-    weights travel to the other node (object store, or a gloo broadcast), and the refit check
+    weights travel to the other node through Ray's object store (gloo across nodes: the data-parallel
+    test above; the collective refit on one node: test_grpo.py), and the refit check
     (Σw, Σw² of both sides to 1e-9) passes every step. A reward that varies within a group makes
     every update change the weights."""
     ray_nodes.set("a=1 b=1")
+    transport = "object_store"
     run_dir = tmp_path / "run"
     settings = {
         "policy.model_name": tiny_model_dir,

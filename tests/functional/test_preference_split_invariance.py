@@ -136,10 +136,10 @@ def test_per_microbatch_pair_mean_would_differ(tiny_model_dir, batch, tokenizer)
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("algorithm", ["dpo", "rm"])
-def test_two_data_parallel_ray_workers_match_one_local_worker(
-    ray_cluster, tiny_model_dir, batch, tokenizer, algorithm
-):
+def test_two_data_parallel_ray_workers_match_one_local_worker(ray_cluster, tiny_model_dir, batch, tokenizer):
+    """The reward model (DPO's two Ray workers: test_preference_trainers.py's run on Ray, which takes
+    the steps of one local worker)."""
+    algorithm = "rm"
     knobs = DPO_VARIANTS["dpo_sum_sft"]
     params = {}
     for workers in (1, 2):

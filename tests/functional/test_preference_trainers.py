@@ -102,8 +102,10 @@ def test_resume_is_bit_exact_with_the_same_data_order(algorithm, tiny_model_dir,
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("algorithm", ["dpo", "rm"])
-def test_on_ray_with_two_workers(algorithm, ray_cluster, tiny_model_dir, data, tmp_path):
+def test_on_ray_with_two_workers(ray_cluster, tiny_model_dir, data, tmp_path):
+    """The DPO trainer on two Ray workers (the reward model's two Ray workers, and DPO's at the group
+    level: test_preference_split_invariance.py)."""
+    algorithm = "dpo"
     cfg = _cfg(
         algorithm,
         tiny_model_dir,
@@ -135,44 +137,3 @@ def test_cli_runs_dpo_and_rm(tiny_model_dir, data, tmp_path, capsys):
         assert (tmp_path / algorithm / "checkpoints" / "step_000001" / "COMPLETE").is_file()
     assert main(["dpo", "--print-config", "dpo.loss_type=ipo", "dpo.label_smoothing=0.1"]) == 2
     assert "label_smoothing applies to loss_type=sigmoid" in capsys.readouterr().err
-
-
-def test_sigterm_leaves_a_resumable_run(tiny_model_dir, data, tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from posttrain.checkpoint import Checkpointer
-
-    run_dir = tmp_path / "run"
-    extra = {
-        "dpo.max_steps": 400,
-        "checkpoint.save_every": 1,
-        "checkpoint.keep_last": 50,
-        "dpo.val_every": 1000,
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "posttrain.cli",
-            "dpo",
-            *preference_overrides(tiny_model_dir, data, run_dir, "dpo", **extra),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    ckpt = Checkpointer(run_dir / "checkpoints")
-    deadline = time.time() + 120
-    while len(ckpt.complete()) < 2 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, output
-    assert "interrupted; latest complete checkpoint" in output
-    assert [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith("step_")] == []
-    last = int(ckpt.complete()[-1].name.split("_")[1])
-    resumed = run_dpo(_cfg("dpo", tiny_model_dir, data, run_dir, **{"dpo.max_steps": last + 1}))
-    assert [h["step"] for h in _train(resumed.history)] == [last + 1]

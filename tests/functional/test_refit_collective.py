@@ -82,17 +82,13 @@ def _refit_and_check(policy, generation, batch, tokenizer):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize(
-    ("policy_backend", "generation_workers"),
-    [("ray", 1), ("local", 2)],
-    ids=["ray_policy-1_worker", "driver_policy-2_workers"],
-)
 def test_collective_refit_round_trip_and_the_gate_catches_a_skip(
-    ray_cluster, tiny_model_dir, batch, tokenizer, policy_backend, generation_workers
+    ray_cluster, tiny_model_dir, batch, tokenizer
 ):
-    """1 worker: policy and generation worker both Ray actors. 2 workers: the 2-CPU test cluster holds
-    only the two generation workers, so the policy runs in this process (the local backend) and its
-    side of the broadcast runs in a thread; the transport still crosses processes."""
+    """Two generation workers on Ray; the policy runs in this process (the local backend) and its side
+    of the broadcast runs in a thread; the transport still crosses processes. (A policy actor to one
+    generation actor: test_grpo.py's split_collective run.)"""
+    policy_backend, generation_workers = "local", 2
     policy, generation = _groups(tiny_model_dir, policy_backend, generation_workers)
     try:
         gate = _refit_and_check(policy, generation, batch, tokenizer)

@@ -9,7 +9,7 @@ from preference_helpers import preference_overrides, write_preference_jsonl
 from posttrain.config import load_config
 from posttrain.config.rl import GRPOConfig
 from posttrain.config.supervised import RMConfig
-from posttrain.environments import EnvironmentGroup, make_environment
+from posttrain.environments import make_environment
 from posttrain.environments.reward_model import RewardModelEnvironment
 from posttrain.trainers.grpo import run_grpo
 from posttrain.trainers.rm import run_rm
@@ -66,14 +66,6 @@ def test_scores_equal_transformers_forward_one_by_one(rm_checkpoint):
     assert metrics["env/accuracy"] == pytest.approx(2 / 3) and metrics["env/rm_score_std"] > 0
     shifted = RewardModelEnvironment(str(folder), scale=2.0, shift=1.0).step(logs, [{}] * 3)
     assert shifted.rewards == pytest.approx([2 * r + 1 for r in expected], abs=1e-5)
-
-
-@pytest.mark.ray
-def test_the_environment_runs_as_ray_actors(ray_cluster, rm_checkpoint):
-    logs = _logs(4)
-    local = RewardModelEnvironment(str(rm_checkpoint)).step(logs, [{}] * 4).rewards
-    with EnvironmentGroup("reward_model", {"model_path": str(rm_checkpoint)}, num_workers=2) as group:
-        assert group.step(logs, [{}] * 4).rewards == pytest.approx(local, abs=1e-5)
 
 
 def _grpo_cfg(tiny_model_dir, rm_checkpoint, run_dir, **extra) -> GRPOConfig:

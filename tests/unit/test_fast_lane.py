@@ -1,7 +1,8 @@
 """The fast lane (`python -m pytest tests/unit -m "not slow and not ray and not vllm"`, docs/development.md)
 holds no test that pulls or loads a model or starts Ray: a unit test that needs the SmolLM2 folder, its
 tokenizer, a tiny model or a Ray cluster carries the `slow` (or `ray`) marker. These tests collect tests/unit
-in a pytest process of their own (about 15 s), so they are `slow` themselves: the default suite and CI run them."""
+in a pytest process of their own (15-35 s), unless this session collected all of them unfiltered (the default
+suite and CI do): they are `slow` themselves, and the default suite and CI run them."""
 
 from __future__ import annotations
 
@@ -61,9 +62,42 @@ def lane_items(tmp_path: Path, *args: str) -> list[dict]:
 pytestmark = pytest.mark.slow
 
 
+def rows_of(items) -> list[dict]:
+    """What PLUGIN writes, for pytest items."""
+    return [
+        {
+            "id": item.nodeid,
+            "fixtures": sorted(getattr(item, "fixturenames", [])),
+            "markers": sorted({m.name for m in item.iter_markers()}),
+        }
+        for item in items
+    ]
+
+
+def session_unit_items(session: pytest.Session) -> list | None:
+    """This session's tests/unit items when it collected every file there with nothing filtered
+    (no -m, -k or --deselect), else None. (A pytest-xdist worker collects the whole suite too.)"""
+    option = session.config.option
+    if option.markexpr or option.keyword or getattr(option, "deselect", None):
+        return None
+    items = [item for item in session.items if item.nodeid.startswith("tests/unit/")]
+    files = {item.nodeid.split("::")[0] for item in items}
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "unit").rglob("test_*.py")}
+    return items if files == on_disk else None
+
+
 @pytest.fixture(scope="module")
-def unit_items(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def unit_items(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    items = session_unit_items(request.session)
+    if items is not None:
+        return rows_of(items)
     return lane_items(tmp_path_factory.mktemp("lane"), "tests/unit")
+
+
+def test_this_sessions_items_read_as_a_collection_of_their_own(request, tmp_path):
+    """The shortcut above reads what the subprocess's plugin reads."""
+    here = [item for item in request.session.items if item.nodeid.startswith("tests/unit/test_fast_lane.py")]
+    assert rows_of(here) == lane_items(tmp_path, "tests/unit/test_fast_lane.py")
 
 
 def in_lane(row: dict) -> bool:

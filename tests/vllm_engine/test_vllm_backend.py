@@ -323,9 +323,10 @@ def test_grpo_two_steps_colocated_local(vllm_tiny_dir, tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("transport", ["auto", "collective"])
-def test_grpo_two_steps_split_on_ray(ray_cluster, vllm_tiny_dir, tmp_path, transport):
-    """auto: shared memory on this CPU machine; collective: gloo broadcast into the engine."""
+def test_grpo_two_steps_split_on_ray(ray_cluster, vllm_tiny_dir, tmp_path):
+    """A gloo broadcast into the engine (refit_transport=auto, shared memory on this CPU machine:
+    test_vllm_episodes.py's multi-turn run on a split vLLM worker)."""
+    transport = "collective"
     cfg = _grpo_cfg(
         vllm_tiny_dir,
         tmp_path / "run",

@@ -236,8 +236,14 @@ def test_grpo_multi_turn_on_vllm_without_turn_barrier(tmp_path, tokenizer, monke
 @pytest.mark.ray
 def test_grpo_multi_turn_on_split_vllm_workers_on_ray(ray_cluster, tmp_path, tokenizer, monkeypatch):
     """The same on a vLLM generation worker of its own (split placement, Ray): the episodes run
-    inside the worker, on its engine."""
-    split = {"cluster.backend": "ray", "cluster.cpus_per_worker": 1, "generation.placement": "split"}
+    inside the worker, on its engine, refitted through shared memory (refit_transport=auto on this
+    CPU machine) and checked by logprobs after every refit."""
+    split = {
+        "cluster.backend": "ray",
+        "cluster.cpus_per_worker": 1,
+        "generation.placement": "split",
+        "generation.refit_check.mode": "logprobs",
+    }
     _grpo_multi_turn(tmp_path, tokenizer, monkeypatch, split, count=False)
 
 
@@ -278,5 +284,7 @@ def _grpo_multi_turn(tmp_path, tokenizer, monkeypatch, placement: dict, *, count
     assert [h["step"] for h in train] == [1, 2]
     assert max(h["episode/turns_mean"] for h in train) > 1
     assert all(1.0 <= h["token_mult_prob_error"] <= 1.01 for h in train)
+    if "refit/probe_mult_prob_error" in train[0]:
+        assert all(h["timing/refit"] > 0 and 1.0 <= h["refit/probe_mult_prob_error"] <= 1.02 for h in train)
     # on the engine request by request: validation's 2 puzzles (steps 0 and 2), each step's 2 x 4 episodes
     assert loops == ([2, 8, 8, 2] if count else [])
