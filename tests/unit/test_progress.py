@@ -1,4 +1,4 @@
-"""Phase progress bars: drawn on a terminal, silent when stdout is not one."""
+"""Phase progress bars: drawn on a terminal; without one, a line now and then for a long phase."""
 
 from __future__ import annotations
 
@@ -7,16 +7,32 @@ import re
 
 from rich.console import Console
 
-from posttrain.logging.progress import phase
+from posttrain.logging import progress
+from posttrain.logging.progress import phase, report
 
 
-def test_no_bar_and_no_output_when_stdout_is_not_a_terminal(capsys):
+def test_no_bar_and_no_output_for_a_short_phase_when_stdout_is_not_a_terminal(capsys):
     with phase("validation", total=4) as bar:
         for _ in range(4):
             bar.advance()
         bar.update(description="still validating")
     assert not bar.shown
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_long_phase_prints_its_count_as_lines_when_stdout_is_not_a_terminal(capsys, monkeypatch):
+    """A log file sees an evaluation move (it once showed nothing for 20 minutes)."""
+    monkeypatch.setattr(progress, "LINE_INTERVAL_S", 0.0)  # every change is "long enough" apart
+    with phase("evaluation", total=8, counts="episode") as bar:
+        report("episode", 3)  # as the rollouts do
+        report("reply", 5)  # not what this phase counts
+        bar.update(completed=8)
+    lines = capsys.readouterr().out.splitlines()
+    assert [re.sub(r"\d+m \d\ds", "T", line) for line in lines] == [
+        "evaluation: 3/8 episodes, T",
+        "evaluation: 8/8 episodes, T",
+        "evaluation: 8/8 episodes, T (done)",
+    ]
 
 
 def test_a_terminal_shows_the_phase_with_its_count_then_clears_it():

@@ -2,7 +2,9 @@
 
 `phase("validation", total=32, counts="episode")` shows a bar with its count and elapsed time under
 the training step's bar while the phase runs, and removes it when the phase ends. When stdout is not
-a terminal (CI, a log file, a Slurm job) it prints nothing: the trainers' step lines say what happened.
+a terminal (CI, a log file, a Slurm job) a phase that runs longer than `LINE_INTERVAL_S` prints a line
+of its count at most that often (`evaluation: 96/256 episodes, 2m 10s`), and one when it ends; a short
+phase prints nothing (the trainers' step lines say what happened).
 
 The bar advances as work finishes wherever it runs: code that finishes a reply or an episode calls
 `report("reply")` / `report("episode")`. In the controller's process (the local backend, turn-by-turn
@@ -43,6 +45,8 @@ TIMER_STAGES = {
 
 RAY_COUNTER = "posttrain-progress"
 POLL_S = 0.25
+LINE_INTERVAL_S = 30.0
+"""Without a terminal: the least time between two progress lines of a phase (none before it has run this long)."""
 
 
 class Phase:
@@ -71,6 +75,45 @@ class Phase:
             self.advance(amount)
 
 
+class LinePhase(Phase):
+    """A phase without a terminal: counts as a bar would and prints its count as a line to stdout, at
+    most every `LINE_INTERVAL_S`, and a last line at its end if it printed any."""
+
+    def __init__(self, description: str, total: float | None, counts: Kind | None) -> None:
+        super().__init__(counts=counts)
+        self.description, self.total, self.completed = description, total, 0.0
+        self.started = self.last_line = time.monotonic()
+        self.lines = 0
+
+    def advance(self, amount: float = 1) -> None:
+        self.completed += amount
+        self._maybe_print()
+
+    def update(self, *, completed: float | None = None, description: str | None = None) -> None:
+        if completed is not None:
+            self.completed = completed
+        if description is not None:
+            self.description = description
+        self._maybe_print()
+
+    def line(self) -> str:
+        total = "" if self.total is None else f"/{self.total:g}"
+        unit = f" {self.counts}s" if self.counts else ""
+        elapsed = int(time.monotonic() - self.started)
+        return f"{self.description}: {self.completed:g}{total}{unit}, {elapsed // 60}m {elapsed % 60:02d}s"
+
+    def _maybe_print(self) -> None:
+        now = time.monotonic()
+        if now - self.last_line >= LINE_INTERVAL_S:
+            self.last_line = now
+            self.lines += 1
+            print(self.line(), flush=True)
+
+    def finish(self) -> None:
+        if self.lines:
+            print(f"{self.line()} (done)", flush=True)
+
+
 _active: list[tuple[int, Phase]] = []  # this process's shown phases with their threads, innermost last
 
 
@@ -82,7 +125,14 @@ def phase(
     time. `console`: a rich Console to draw on (default: stdout, and only when it is a terminal).
     `counts`: the kind of `report` (from this process or Ray workers) that advances the bar."""
     if console is None and not sys.stdout.isatty():
-        yield Phase()
+        lines = LinePhase(description, total, counts)
+        entry = (threading.get_ident(), lines)
+        _active.append(entry)
+        try:
+            yield lines
+        finally:
+            _active.remove(entry)
+        lines.finish()
         return
     from rich.progress import (
         BarColumn,
