@@ -104,6 +104,14 @@ def make_batch(tokens: int, row_tokens: int, vocab: int, kind: str):
     )
 
 
+def on_policy(policy, batch, kind: str) -> None:
+    """GRPO: π_old and the sampler's logprobs are the policy's own (exactly on-policy, ratio 1), as the
+    trainer's batch carries both."""
+    if kind == "grpo":
+        batch.old_logprobs = policy.logprobs(batch)
+        batch.generation_logprobs = batch.old_logprobs.clone()
+
+
 def loss_for(kind: str, batch, cfg):
     """The trainer's loss function and normaliser for `batch`."""
     import functools
@@ -149,12 +157,12 @@ def child(spec: dict) -> dict:
     out["weights_mb"] = rss_mb()
     vocab = policy.model.get_output_embeddings().weight.shape[0]
     small = make_batch(32, 16, vocab, spec["kind"])
+    on_policy(policy, small, spec["kind"])
     policy.train(small, *loss_for(spec["kind"], small, cfg))  # allocates AdamW's moments
     policy.optimizer.zero_grad(set_to_none=True)  # the step allocates its gradients itself
     batch = make_batch(spec["tokens"], spec["row_tokens"], vocab, spec["kind"])
     fn, normalizer = loss_for(spec["kind"], batch, cfg)
-    if spec["kind"] == "grpo":  # π_old: the policy's own logprobs (exactly on-policy, ratio 1)
-        batch.old_logprobs = policy.logprobs(batch)
+    on_policy(policy, batch, spec["kind"])
     import gc
 
     gc.collect()
