@@ -284,7 +284,7 @@ def _grpo_multi_turn(tmp_path, tokenizer, monkeypatch, placement: dict, *, count
     assert [h["step"] for h in train] == [1, 2]
     assert max(h["episode/turns_mean"] for h in train) > 1
     assert all(1.0 <= h["token_mult_prob_error"] <= 1.01 for h in train)
-    if "refit/probe_mult_prob_error" in train[0]:
+    if placement.get("generation.refit_check.mode") == "logprobs":
         assert all(h["timing/refit"] > 0 and 1.0 <= h["refit/probe_mult_prob_error"] <= 1.02 for h in train)
     # on the engine request by request: validation's 2 puzzles (steps 0 and 2), each step's 2 x 4 episodes
     assert loops == ([2, 8, 8, 2] if count else [])

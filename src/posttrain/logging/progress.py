@@ -83,7 +83,7 @@ class LinePhase(Phase):
         super().__init__(counts=counts)
         self.description, self.total, self.completed = description, total, 0.0
         self.started = self.last_line = time.monotonic()
-        self.lines = 0
+        self.printed = False
 
     def advance(self, amount: float = 1) -> None:
         self.completed += amount
@@ -106,15 +106,26 @@ class LinePhase(Phase):
         now = time.monotonic()
         if now - self.last_line >= LINE_INTERVAL_S:
             self.last_line = now
-            self.lines += 1
+            self.printed = True
             print(self.line(), flush=True)
 
     def finish(self) -> None:
-        if self.lines:
+        if self.printed:
             print(f"{self.line()} (done)", flush=True)
 
 
 _active: list[tuple[int, Phase]] = []  # this process's shown phases with their threads, innermost last
+
+
+@contextlib.contextmanager
+def _counting_in_this_thread(shown: Phase) -> Iterator[None]:
+    """`report` from this thread advances `shown` while the block runs."""
+    entry = (threading.get_ident(), shown)
+    _active.append(entry)
+    try:
+        yield
+    finally:
+        _active.remove(entry)
 
 
 @contextlib.contextmanager
@@ -126,12 +137,8 @@ def phase(
     `counts`: the kind of `report` (from this process or Ray workers) that advances the bar."""
     if console is None and not sys.stdout.isatty():
         lines = LinePhase(description, total, counts)
-        entry = (threading.get_ident(), lines)
-        _active.append(entry)
-        try:
+        with _counting_in_this_thread(lines):
             yield lines
-        finally:
-            _active.remove(entry)
         lines.finish()
         return
     from rich.progress import (
@@ -147,13 +154,8 @@ def phase(
     bar = Progress(*columns, TimeElapsedColumn(), transient=True, console=console)
     with bar:
         shown = Phase(bar, bar.add_task(description, total=total), counts)
-        entry = (threading.get_ident(), shown)
-        _active.append(entry)
-        try:
-            with _ray_poller(shown):
-                yield shown
-        finally:
-            _active.remove(entry)
+        with _counting_in_this_thread(shown), _ray_poller(shown):
+            yield shown
 
 
 def report(kind: Kind, amount: int = 1) -> None:
