@@ -89,6 +89,41 @@ def test_endpoint_episode_equals_in_process_rollout(backend, smollm_dir, tokeniz
     ]
 
 
+def test_replayed_episode_with_a_malformed_call_equals_in_process(tokenizer):
+    """A call the endpoint cannot parse (its JSON unclosed) stays in the reply's content with no
+    `tool_calls`; the environment reads it as a failed call and goes on with an error observation.
+    The replay agent reads the reply as the environment does, so the episode goes on through the
+    endpoint too: same ids, loss mask, turns and reward as in process (it used to stop at that reply,
+    which made the benchmark's endpoint episodes shorter)."""
+    replies = [
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "964 * 59"}\n</tool_call>',
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "964 * 59"}}\n</tool_call>',
+        "The answer is \\boxed{56876}.",
+    ]
+    env = CalculatorEnvironment(**CALCULATOR_KWARGS)
+    tasks = [{"a": 964, "b": 59}]
+    inproc = run_rollouts(
+        tasks,
+        generations_per_prompt=1,
+        generator=ScriptedGenerator(tokenizer, list(replies)),
+        environment=env,
+        tokenizer=tokenizer,
+        params=SamplingParams(temperature=0, max_new_tokens=48),
+        batch_size=1,
+        max_turns=3,
+        max_seq_len=1024,
+        turn_barrier=True,
+    ).trajectories[0]
+    agent = AgentConfig(function="posttrain.rollout.calculator_replay:replay_calculator_agent")
+    endpoint = _run(tasks, agent, ScriptedGenerator(tokenizer, list(replies)), tokenizer, env).trajectories[0]
+    assert inproc.num_turns == 3 and inproc.reward == 1.0
+    assert "not valid JSON" in inproc.messages[-4]["content"]
+    assert endpoint.num_turns == 3 and endpoint.reward == 1.0 and endpoint.scored
+    assert endpoint.input_ids == inproc.input_ids
+    assert endpoint.loss_mask == inproc.loss_mask
+    assert endpoint.turn_spans == inproc.turn_spans
+
+
 @pytest.fixture(scope="module")
 def tiny_generator(tiny_model_dir, tokenizer):
     return LocalGenerator(str(tiny_model_dir), tokenizer, device="cpu")

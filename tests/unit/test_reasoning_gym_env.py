@@ -13,7 +13,13 @@ from posttrain.environments.reasoning_gym_env import (
     ReasoningGymEnvironment,
     direction_hint,
     extract_answer,
+    question_split,
 )
+
+ONE_DIGIT = {
+    "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
+    "allow_parentheses": False, "allow_negation": False,
+}
 
 MINI_SUDOKU_SOLUTION = "2 4 1 3\n3 1 4 2\n4 2 3 1\n1 3 2 4"  # mini_sudoku, seed 3, entry 0
 
@@ -59,6 +65,33 @@ def test_tasks_are_the_datasets_entries(arithmetic: ReasoningGymEnvironment) -> 
     assert seeded.messages[-1]["content"] == "Calculate ( 56 + -33 ) - 84."
     [own] = arithmetic.reset([{"question": "Calculate 2 + 2.", "answer": "4", "metadata": {}}], [0])
     assert own.messages[-1]["content"] == "Calculate 2 + 2." and own.metadata["entry"]["answer"] == "4"
+
+
+def test_split_tasks_never_share_a_question() -> None:
+    """1-digit sums and differences have 242 distinct questions: two seeds' tasks overlap, while the
+    "train" and "heldout" splits are disjoint whatever the seeds, about one question in five is held
+    out, and a split's tasks are exactly the dataset's entries of that split, in order."""
+    env = ReasoningGymEnvironment("basic_arithmetic", dataset_config=ONE_DIGIT, timeout_s=None)
+
+    def questions(tasks: list[dict]) -> list[str]:
+        return [s.messages[-1]["content"] for s in env.reset(tasks, [0] * len(tasks))]
+
+    unsplit = set(questions(env.generate_tasks(400, seed=11))) & set(questions(env.generate_tasks(64, seed=99999)))
+    assert unsplit, "a different seed alone repeats training questions"
+    train = questions(env.generate_tasks(2000, seed=11, split="train"))
+    heldout = questions(env.generate_tasks(64, seed=99999, split="heldout"))
+    assert not set(train) & set(heldout)
+    assert {question_split(q) for q in train} == {"train"} and {question_split(q) for q in heldout} == {"heldout"}
+    assert 0.1 < len(set(heldout)) / len(set(train) | set(heldout)) < 0.35
+    tasks = env.generate_tasks(3, seed=5, split="heldout")
+    size = tasks[0]["size"]
+    direct = reasoning_gym.create_dataset("basic_arithmetic", seed=5, size=size, **ONE_DIGIT)
+    expected = [i for i in range(size) if question_split(direct[i]["question"]) == "heldout"][:3]
+    assert [t["index"] for t in tasks] == expected and {t["split"] for t in tasks} == {"heldout"}
+    # the split reads the question, not its spacing or case
+    assert question_split("Calculate  7 + 8.") == question_split("calculate 7 + 8.")
+    with pytest.raises(ValueError, match="split must be"):
+        env.generate_tasks(3, seed=0, split="validation")
 
 
 def test_single_turn_scores_with_the_datasets_scorer(arithmetic: ReasoningGymEnvironment) -> None:

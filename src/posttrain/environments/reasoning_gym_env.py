@@ -4,7 +4,10 @@ task's own `score_answer`; single-turn, or multi-turn "retry with feedback".
 Tasks come from the reasoning-gym dataset itself: `generate_tasks(count, seed)` gives
 `{"seed": seed, "size": count, "index": i}`, and `reset` rebuilds entry i of the dataset made
 with that seed and size (reasoning-gym generates entry i from the seed and i alone), so a fixed
-seed is a fixed held-out set. A task may also carry the entry itself (`question`, `answer`,
+seed is a fixed set. `generate_tasks(count, seed, split="train" | "heldout")` keeps only the entries
+of that split (`question_split`: one question in five, by its hash, is held out), so that a held-out
+set never asks a training question; small families repeat (1-digit sums and differences have 242
+distinct questions), and a different seed alone would ask the same ones. A task may also carry the entry itself (`question`, `answer`,
 `metadata`, as reasoning-gym writes it, e.g. a row of an exported JSONL file).
 
 The answer is read from the reply's `<answer>…</answer>` (`answer_format="answer_tag"`,
@@ -31,6 +34,7 @@ past the limit scores 0 with `info["verifier_error"] = "timeout"`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import OrderedDict
@@ -70,6 +74,18 @@ def load_dataset(name: str, config: dict[str, Any]) -> Any:
             _DATASETS.popitem(last=False)
     _DATASETS.move_to_end(key)
     return _DATASETS[key]
+
+
+SPLITS = ("train", "heldout")
+HELDOUT_EVERY = 5
+"""One question in HELDOUT_EVERY is held out: the first byte of its SHA-256 is 0 mod HELDOUT_EVERY."""
+
+
+def question_split(question: str) -> str:
+    """ "heldout" or "train": the split a question belongs to, by the SHA-256 of its text (whitespace
+    collapsed, case ignored), so the same question is in the same split whatever the seed."""
+    key = " ".join(question.split()).lower().encode()
+    return "heldout" if hashlib.sha256(key).digest()[0] % HELDOUT_EVERY == 0 else "train"
 
 
 def score_with_dataset(name: str, config: dict[str, Any], answer: str | None, entry: dict[str, Any]) -> float:
@@ -224,9 +240,27 @@ class ReasoningGymEnvironment(PooledEnvironment):
         self.num_procs = num_procs
         self._pool: TimeoutPool | None = None
 
-    def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
-        """The first `count` entries of the dataset made with `seed` (and size `count`)."""
-        return [{"seed": seed, "size": count, "index": i} for i in range(count)]
+    def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
+        """The first `count` entries of the dataset made with `seed` (and size `count`); with `split`
+        ("train" or "heldout"), the first `count` entries whose question is in that split
+        (`question_split`), read from a dataset as large as it takes."""
+        if split is None:
+            return [{"seed": seed, "size": count, "index": i} for i in range(count)]
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS} or null, got {split!r}")
+        size = 2 * HELDOUT_EVERY * count
+        while True:
+            config = {**self.dataset_config, "seed": seed, "size": size}
+            dataset = load_dataset(self.dataset, config)
+            found = [i for i in range(size) if question_split(dataset[i]["question"]) == split][:count]
+            if len(found) == count:
+                return [{"seed": seed, "size": size, "index": i, "split": split} for i in found]
+            if size >= 100 * HELDOUT_EVERY * count:
+                raise ValueError(
+                    f"{self.dataset} {self.dataset_config} gave {len(found)} of {count} {split!r} "
+                    f"questions in {size} entries: the family has too few distinct questions for a {split} split"
+                )
+            size *= 4
 
     def entry(self, task: dict[str, Any], seed: int) -> dict[str, Any]:
         """The reasoning-gym entry of a task: its own question/answer/metadata, or entry "index" of the

@@ -4,7 +4,9 @@
 calls), and `replay_calculator_agent` an agent function (`environment.agent.function`) that plays
 that environment's own episode through the endpoint with the `openai` client: the environment's
 first messages and tool schemas, its tool registry for the calls (read as the in-process rollout
-reads them, `parse_tool_calls`), until a reply without a call, at most `MAX_TURNS` requests. So an
+reads them, `parse_tool_calls`: a malformed call the endpoint leaves in the content is a failed call,
+answered with its error), until a reply without a call or past the tool budget, at most `MAX_TURNS`
+requests. So an
 agent rollout of it and the in-process rollout of the environment play the same episode
 (tests/functional/test_agent_rollouts.py; benchmarks/endpoint_overhead.py times the two).
 
@@ -51,6 +53,7 @@ def replay_calculator_agent(base_url: str, session_id: str, task: dict[str, Any]
     [start] = env.reset([task], [0])
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     messages = [dict(m) for m in start.messages]
+    used = 0
     for _ in range(MAX_TURNS):
         try:
             reply = client.chat.completions.create(
@@ -60,8 +63,10 @@ def replay_calculator_agent(base_url: str, session_id: str, task: dict[str, Any]
             return
         message = reply.choices[0].message.model_dump(exclude_none=True)
         messages.append(message)
-        if not message.get("tool_calls"):
+        # read as the environment reads a reply: the endpoint's tool_calls, else a <tool_call> block the
+        # endpoint could not parse (left in the content), which the environment answers with an error
+        calls = parse_tool_calls(message)
+        used += len(calls)
+        if not calls or used > env.max_tool_calls:
             return
-        for call in parse_tool_calls(message):
-            result = env.tools.call(call)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+        messages.extend(env.tools.call(call).message() for call in calls)
