@@ -17,8 +17,13 @@ from posttrain.environments.reasoning_gym_env import (
 )
 
 ONE_DIGIT = {
-    "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
-    "allow_parentheses": False, "allow_negation": False,
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+    "operators": ["+", "-"],
+    "allow_parentheses": False,
+    "allow_negation": False,
 }
 
 MINI_SUDOKU_SOLUTION = "2 4 1 3\n3 1 4 2\n4 2 3 1\n1 3 2 4"  # mini_sudoku, seed 3, entry 0
@@ -76,12 +81,13 @@ def test_split_tasks_never_share_a_question() -> None:
     def questions(tasks: list[dict]) -> list[str]:
         return [s.messages[-1]["content"] for s in env.reset(tasks, [0] * len(tasks))]
 
-    unsplit = set(questions(env.generate_tasks(400, seed=11))) & set(questions(env.generate_tasks(64, seed=99999)))
-    assert unsplit, "a different seed alone repeats training questions"
+    other_seed = set(questions(env.generate_tasks(64, seed=99999)))
+    assert other_seed & set(questions(env.generate_tasks(400, seed=11)))  # another seed re-asks questions
     train = questions(env.generate_tasks(2000, seed=11, split="train"))
     heldout = questions(env.generate_tasks(64, seed=99999, split="heldout"))
     assert not set(train) & set(heldout)
-    assert {question_split(q) for q in train} == {"train"} and {question_split(q) for q in heldout} == {"heldout"}
+    assert {question_split(q) for q in train} == {"train"}
+    assert {question_split(q) for q in heldout} == {"heldout"}
     assert 0.1 < len(set(heldout)) / len(set(train) | set(heldout)) < 0.35
     tasks = env.generate_tasks(3, seed=5, split="heldout")
     size = tasks[0]["size"]
