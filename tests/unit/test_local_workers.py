@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from posttrain.distributed.workers import LocalWorkers, torch_threads
+from posttrain.modeling.loading import set_torch_threads
 
 
 class OneThreadWorker:
     """Like GenerationWorker: sets its thread count in its constructor."""
 
     def __init__(self, num_threads: int | None = None) -> None:
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        set_torch_threads(num_threads)
 
     def threads(self) -> int:
         return torch.get_num_threads()
@@ -37,6 +37,15 @@ def two_threads(request, monkeypatch):
         monkeypatch.setattr(torch, "set_num_threads", vllm_skip_set_num_threads)
     yield
     torch._C.set_num_threads(before)
+
+
+def test_workers_set_their_thread_count_even_after_vllm(two_threads):
+    """The workers' constructors (policy, generation worker, teacher, reward model, HF judge) set their
+    count with `set_torch_threads`, which vLLM's replacement of `torch.set_num_threads` cannot disable."""
+    set_torch_threads(1)
+    assert torch.get_num_threads() == 1
+    set_torch_threads(None)
+    assert torch.get_num_threads() == 1
 
 
 def test_a_local_workers_thread_count_does_not_leak_into_the_controller(two_threads):

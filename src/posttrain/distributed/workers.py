@@ -34,19 +34,20 @@ def torch_threads(num_threads: int | None) -> Iterator[None]:
     starts from the count of the process's first setting): setting it here changes nothing for the
     controller's other threads, and restoring it keeps a worker's setting from leaking into them.
 
-    It calls torch's own setter (`torch._C.set_num_threads`): vLLM's CPU worker replaces
+    It sets the count with `set_torch_threads` (torch's own setter): vLLM's CPU worker replaces
     `torch.set_num_threads` with a no-op for the whole process once it binds its OpenMP threads, and a
     local vLLM engine runs in the controller's process."""
     import torch
 
+    from posttrain.modeling.loading import set_torch_threads
+
     before = torch.get_num_threads()
-    if num_threads:
-        torch._C.set_num_threads(num_threads)
+    set_torch_threads(num_threads)
     try:
         yield
     finally:
         if torch.get_num_threads() != before:
-            torch._C.set_num_threads(before)
+            set_torch_threads(before)
 
 
 class LocalWorkers:

@@ -96,10 +96,10 @@ class TransformersJudge:
         from transformers import AutoModelForCausalLM
 
         from posttrain.checkpoint.export import resolve_model_source
+        from posttrain.modeling.loading import set_torch_threads
         from posttrain.modeling.tokenizer import load_tokenizer
 
-        if self.num_threads:
-            torch.set_num_threads(self.num_threads)
+        set_torch_threads(self.num_threads)
         source = resolve_model_source(self.model_name)
         self._tokenizer = load_tokenizer(source.tokenizer)
         self._tokenizer.padding_side = "left"

@@ -48,12 +48,11 @@ class RewardModelEnvironment:
         shift: float = 0.0,
         num_threads: int | None = None,
     ) -> None:
-        from posttrain.modeling.loading import DTYPES
+        from posttrain.modeling.loading import DTYPES, set_torch_threads
         from posttrain.modeling.tokenizer import load_tokenizer
         from posttrain.models.reward_model import load_reward_model, resolve_model_folder
 
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        set_torch_threads(num_threads)
         folder = resolve_model_folder(model_path)
         self.tokenizer = load_tokenizer(str(tokenizer_path or folder))
         pad = self.tokenizer.pad_token_id

@@ -15,7 +15,7 @@ from posttrain.config.common import PolicyConfig
 from posttrain.config.rollout import GenerationConfig
 from posttrain.generation.sampler import WeightUpdates
 from posttrain.generation.sampling import GenerationOutput, SamplingParams, hf_generate
-from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, load_causal_lm, pick_device
+from posttrain.modeling.loading import DTYPES, MASTER_DTYPE, load_causal_lm, pick_device, set_torch_threads
 from posttrain.modeling.tokenizer import load_tokenizer
 from posttrain.weights.refit import (
     BucketLayout,
@@ -84,8 +84,7 @@ class GenerationWorker(Sampling):
         num_threads: int | None = None,
         rank: int = 0,
     ) -> None:
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        set_torch_threads(num_threads)
         self.cfg = cfg
         self.device = pick_device(gpus)
         self.engine = None

@@ -30,6 +30,14 @@ def compute_autocast(device: torch.device, dtype: torch.dtype) -> contextlib.Abs
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def set_torch_threads(num_threads: int | None) -> None:
+    """Set this thread's torch CPU thread count (None or 0: unchanged) with torch's own setter
+    (`torch._C.set_num_threads`): vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for
+    the whole process once it binds its OpenMP threads, and a worker may share a process with an engine."""
+    if num_threads:
+        torch._C.set_num_threads(num_threads)
+
+
 def pick_device(gpus: int) -> torch.device:
     """The current CUDA device when `gpus > 0` (RuntimeError without CUDA), else the CPU."""
     if gpus > 0:

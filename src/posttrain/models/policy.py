@@ -38,6 +38,7 @@ from posttrain.modeling.loading import (
     compute_autocast,
     load_causal_lm,
     pick_device,
+    set_torch_threads,
 )
 from posttrain.models.logprobs import batched_logprobs, token_logprobs
 from posttrain.models.optim import build_optimizer
@@ -89,8 +90,7 @@ class Policy:
         gpus: int = 0,
         num_threads: int | None = None,
     ) -> None:
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        set_torch_threads(num_threads)
         self.cfg, self.rank, self.world_size, self.total_steps = cfg, rank, world_size, total_steps
         self.device = pick_device(gpus)
         self.compute_dtype = DTYPES[cfg.dtype]

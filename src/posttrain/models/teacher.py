@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from posttrain.data.batching import TokenBatch
-from posttrain.modeling.loading import DTYPES, load_causal_lm, pick_device
+from posttrain.modeling.loading import DTYPES, load_causal_lm, pick_device, set_torch_threads
 from posttrain.models.distill_logprobs import (
     PositionInputs,
     TeacherTopK,
@@ -36,8 +36,7 @@ class Teacher:
         packed: bool = True,
         vocab_size: int | None = None,
     ) -> None:
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        set_torch_threads(num_threads)
         self.device = pick_device(gpus)
         self.model = load_causal_lm(model_path, DTYPES[dtype]).to(self.device).eval()
         self.model.requires_grad_(False)
