@@ -17,3 +17,8 @@ def flaky_reward(completion: str, metadata: dict) -> float:
 class FlakyEnvironment(RewardFunctionEnvironment):
     def __init__(self) -> None:
         super().__init__(flaky_reward, timeout_s=1.0, num_procs=2)
+
+
+def broken_reward(completion: str, metadata: dict) -> float:
+    """A reward function with a bug: every call raises."""
+    raise KeyError("solution")

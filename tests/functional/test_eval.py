@@ -71,6 +71,26 @@ def test_eval_a_checkpoint_through_the_cli(tiny_model_dir, tmp_path, capsys):
     assert summary["samples_per_prompt"] == 3 and 0 <= summary["cons@3"] <= 1
 
 
+def test_an_eval_whose_verifier_fails_is_an_error_not_zero_accuracy(tiny_model_dir, tmp_path):
+    """A reward function that raises scores every episode 0; the eval writes its samples (each with
+    its error) and then stops with an error naming the environment, instead of reporting 0% accuracy.
+    With environment.max_error_fraction=null it reports, and the summary says how many failed."""
+    from posttrain.environments.interface import VerifierErrorsError
+
+    data = _problems(tmp_path / "problems.jsonl", n=3)
+    broken = {"environment.name": "reward_fn", "environment.kwargs.reward_fn": "flaky_env:broken_reward"}
+    cfg = load_config(EvalConfig, None, _overrides(tiny_model_dir, data, tmp_path / "eval", **broken))
+    with pytest.raises(VerifierErrorsError, match="3 of 3 samples could not be scored"):
+        run_eval(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all("KeyError" in r["verifier_error"] for r in rows)
+    lenient = _overrides(
+        tiny_model_dir, data, tmp_path / "eval2", **broken, **{"environment.max_error_fraction": "null"}
+    )
+    summary = run_eval(load_config(EvalConfig, None, lenient)).summary
+    assert summary["verifier_error_rate"] == 1.0 and summary["accuracy"] == 0.0
+
+
 def test_k_above_n_is_a_config_error(tmp_path):
     from posttrain.config import ConfigError
 

@@ -32,6 +32,7 @@ from posttrain.config.eval import EvalConfig
 from posttrain.config.rollout import episode_token_budget
 from posttrain.data.tokenize import TokenizedExample
 from posttrain.environments.group import EnvironmentGroup
+from posttrain.environments.interface import VerifierErrorsError, check_verifier_errors
 from posttrain.generation.text_generation import LocalGenerator
 from posttrain.logging.timer import Timer
 from posttrain.modeling.tokenizer import load_tokenizer, require_chat_template
@@ -56,6 +57,7 @@ class SampleRecord:
     reward: float = 0.0
     turns: int = 1
     messages: list[dict] | None = None
+    verifier_error: str | None = None
 
 
 @dataclass
@@ -128,6 +130,7 @@ def sample_records(rollouts: Rollouts, n: int) -> list[SampleRecord]:
                 reward=t.reward,
                 turns=t.num_turns,
                 messages=row.get("messages"),
+                verifier_error=t.info.get("verifier_error"),
             )
         )
     return records
@@ -208,12 +211,22 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
         "truncation_rate": sum(r.truncated for r in records) / len(records),
         "mean_reward": sum(r.reward for r in records) / len(records),
         "mean_turns": sum(r.turns for r in records) / len(records),
+        # episodes the environment could not score (a reward function that raised, a verifier timeout)
+        "verifier_error_rate": sum(r.verifier_error is not None for r in records) / len(records),
         "mean_completion_tokens": tokens / len(records),
         "generation_s": generation_s,
         "generated_tokens_per_s": tokens / max(generation_s, 1e-9),
         **{k: v for k, v in rollouts.env_metrics.items() if k.startswith(("env/", "episode/"))},
     }
     write_outputs(out_dir, summary, [asdict(r) for r in records])
+    try:  # after writing: the samples show each error
+        check_verifier_errors(
+            [t.info for t in rollouts.trajectories], env_cfg.max_error_fraction, env_cfg.name
+        )
+    except VerifierErrorsError as e:
+        raise VerifierErrorsError(
+            f"{e}. The accuracy would count them as wrong; samples: {out_dir}"
+        ) from None
     return EvalResult(out_dir, summary, records)
 
 
