@@ -54,6 +54,26 @@ def test_tensorboard_scalars_and_hparams(tmp_path):
     assert "config/text_summary" in events.Tags()["tensors"]
 
 
+def test_a_resumed_run_purges_the_tensorboard_steps_after_its_checkpoint(tmp_path):
+    """Steps 1-3 logged, then the run crashed and resumed from its step-1 checkpoint: TensorBoard
+    shows step 1 of the first run and steps 2-3 of the resumed one, not the first run's later points."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = LoggingConfig(jsonl=False, progress=False, system_metrics=False)
+    _log_run(cfg, tmp_path)
+    resumed = MetricsLogger(cfg, tmp_path, total_steps=3, start_step=1)
+    resumed.log(2, {"loss": 0.7})
+    resumed.log(3, {"loss": 0.6})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [
+        (1, 2.0),
+        (2, pytest.approx(0.7)),
+        (3, pytest.approx(0.6)),
+    ]
+
+
 def _wandb_records(path):
     """Records of an offline run's .wandb file: a 7-byte W&B header, then LevelDB-log framed protobufs."""
     import struct

@@ -60,12 +60,17 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    """<run_dir>/tensorboard: scalars, and the config as text and as hparams."""
+    """<run_dir>/tensorboard: scalars, and the config as text and as hparams.
 
-    def __init__(self, run_dir: Path) -> None:
+    A run resumed from step k (`start_step`) purges the earlier run's events of steps after k (they
+    were logged after the checkpoint it resumes from), as metrics.jsonl is trimmed: TensorBoard drops
+    them when it reads the new writer's start marker (`purge_step`)."""
+
+    def __init__(self, run_dir: Path, start_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        purge_step = start_step + 1 if start_step else None
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -183,7 +188,7 @@ def build_sinks(cfg: LoggingConfig, run_dir: Path, *, total_steps: int, start_st
     if cfg.jsonl:
         sinks.append(JsonlSink(run_dir))
     if cfg.tensorboard:
-        sinks.append(TensorBoardSink(run_dir))
+        sinks.append(TensorBoardSink(run_dir, start_step))
     if cfg.wandb.enabled:
         sinks.append(WandbSink(cfg.wandb, run_dir))
     if cfg.mlflow.enabled:
