@@ -55,7 +55,6 @@ def test_config_changes_lists_every_changed_leaf_with_both_values():
         ("data.validation.path", True),
         ("environment.max_error_fraction", True),
         ("environments.calculator.max_error_fraction", True),  # a run over several environments
-        ("data.sources.puzzles.validation.environment_tasks.size", True),
         ("environments.calculator.kwargs.max_tool_calls", False),
         ("data.sources.puzzles.weight", False),
         ("policy.optimizer.lr", False),

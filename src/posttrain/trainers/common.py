@@ -41,8 +41,6 @@ RESUMABLE_CHANGES = (
     "logging.*",
     "environment.max_error_fraction",
     "environments.*.max_error_fraction",
-    "data.sources.*.validation",
-    "data.sources.*.validation.*",
 )
 """Settings (dotted keys, fnmatch patterns) that a resumed run may change: how long it trains, how
 often it validates, logs and saves, and what it validates on. Any other change refuses to resume."""
