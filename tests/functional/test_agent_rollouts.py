@@ -43,6 +43,22 @@ def _run(
     )
 
 
+def _in_process(tasks, generator, tokenizer, environment):
+    """The greedy in-process rollout (turn barrier) of one episode, for comparison with the endpoint's."""
+    return run_rollouts(
+        tasks,
+        generations_per_prompt=1,
+        generator=generator,
+        environment=environment,
+        tokenizer=tokenizer,
+        params=SamplingParams(temperature=0, max_new_tokens=48),
+        batch_size=1,
+        max_turns=3,
+        max_seq_len=1024,
+        turn_barrier=True,
+    ).trajectories[0]
+
+
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_endpoint_episode_equals_in_process_rollout(backend, smollm_dir, tokenizer):
     """SmolLM2-135M-Instruct, greedy, the calculator with its schema and a worked example: the episode
@@ -56,18 +72,7 @@ def test_endpoint_episode_equals_in_process_rollout(backend, smollm_dir, tokeniz
     generator = LocalGenerator(str(smollm_dir), tokenizer, backend=backend, device="cpu", max_model_len=1024)
     env = CalculatorEnvironment(**CALCULATOR_KWARGS)
     tasks = [{"a": 964, "b": 59}]
-    inproc = run_rollouts(
-        tasks,
-        generations_per_prompt=1,
-        generator=generator,
-        environment=env,
-        tokenizer=tokenizer,
-        params=SamplingParams(temperature=0, max_new_tokens=48),
-        batch_size=1,
-        max_turns=3,
-        max_seq_len=1024,
-        turn_barrier=True,
-    ).trajectories[0]
+    inproc = _in_process(tasks, generator, tokenizer, env)
     agent = AgentConfig(function="posttrain.rollout.calculator_replay:replay_calculator_agent")
     endpoint = _run(tasks, agent, generator, tokenizer, env).trajectories[0]
     assert inproc.num_turns >= 2  # a tool call, its result, the final reply: a multi-turn tool episode
@@ -102,18 +107,7 @@ def test_replayed_episode_with_a_malformed_call_equals_in_process(tokenizer):
     ]
     env = CalculatorEnvironment(**CALCULATOR_KWARGS)
     tasks = [{"a": 964, "b": 59}]
-    inproc = run_rollouts(
-        tasks,
-        generations_per_prompt=1,
-        generator=ScriptedGenerator(tokenizer, list(replies)),
-        environment=env,
-        tokenizer=tokenizer,
-        params=SamplingParams(temperature=0, max_new_tokens=48),
-        batch_size=1,
-        max_turns=3,
-        max_seq_len=1024,
-        turn_barrier=True,
-    ).trajectories[0]
+    inproc = _in_process(tasks, ScriptedGenerator(tokenizer, list(replies)), tokenizer, env)
     agent = AgentConfig(function="posttrain.rollout.calculator_replay:replay_calculator_agent")
     endpoint = _run(tasks, agent, ScriptedGenerator(tokenizer, list(replies)), tokenizer, env).trajectories[0]
     assert inproc.num_turns == 3 and inproc.reward == 1.0
