@@ -12,7 +12,8 @@ example, temperature 1, up to 3 turns of 48 new tokens). Arms, alternated round 
   the calls, the environment's verdict on the final transcript); the endpoint batches the running
   agents' requests into one generator call (`GenerationQueue`).
 
-Printed per arm: the median over rounds of episodes/s and generated tokens/s (sampled episodes differ
+Per round and arm: the generator calls and rows per call (the endpoint batches whatever requests are
+pending; the turn barrier generates every live episode of a turn in one call). Printed per arm: the median over rounds of episodes/s and generated tokens/s (sampled episodes differ
 in length from arm to arm, so tokens/s is the fairer rate), and endpoint / in_process for both; the
 issue's target is >= 0.8. On a shared machine other processes' load distorts both arms (the load
 average is printed); compare runs made on an idle machine.
@@ -26,6 +27,15 @@ import statistics
 import time
 
 from posttrain.rollout.calculator_replay import CALCULATOR_KWARGS, MAX_TOKENS, MAX_TURNS
+
+
+def generator_calls(arm: str, out) -> tuple[int, float]:
+    """(generator calls, rows per call) of one arm's rollout: the endpoint counts its batches; the turn
+    barrier makes one call per turn for every episode still running."""
+    if arm == "endpoint":
+        return int(out.env_metrics["agent/generator_calls"]), out.env_metrics["agent/rows_per_call"]
+    turns = [t.num_turns for t in out.trajectories]
+    return max(turns), sum(turns) / max(turns)
 
 
 def main() -> None:
@@ -81,9 +91,11 @@ def main() -> None:
             seconds = time.perf_counter() - start
             episodes, tokens = len(out.trajectories), sum(t.response_length for t in out.trajectories)
             rates[arm].append((episodes / seconds, tokens / seconds))
+            calls, rows = generator_calls(arm, out)
             print(
                 f"round {r} {arm:10s} {seconds:7.1f} s  {episodes / seconds:6.3f} episodes/s  "
-                f"{tokens / seconds:7.1f} tokens/s  turns {out.env_metrics['episode/turns_mean']:.2f}"
+                f"{tokens / seconds:7.1f} tokens/s  turns {out.env_metrics['episode/turns_mean']:.2f}  "
+                f"generator calls {calls} ({rows:.1f} rows each)"
             )
     med = {arm: [statistics.median(x[i] for x in v) for i in (0, 1)] for arm, v in rates.items()}
     for arm, (eps, tps) in med.items():

@@ -143,6 +143,9 @@ def test_example_agent_groups_and_environment_reward(form, tiny_generator, token
         final = t.messages[-1]["content"]
         assert t.reward == score_number_answer(final, task["a"] * task["b"], "boxed_or_last_number")[0]
     assert out.env_metrics["agent/error_rate"] == 0.0 and out.env_metrics["agent/requests_mean"] >= 1
+    # every request was generated in one of the queue's calls
+    calls, rows = out.env_metrics["agent/generator_calls"], out.env_metrics["agent/rows_per_call"]
+    assert calls * rows == pytest.approx(sum(t.info["agent_requests"] for t in out.trajectories))
 
 
 def test_agent_rewards_and_failures(tokenizer):

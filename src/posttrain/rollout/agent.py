@@ -299,4 +299,10 @@ def run_agent_rollouts(
     with timer("rewards"):
         results = assign_rewards(trajectories, sessions, outcomes, agent, environment)
     metrics = environment.batch_metrics(EnvStepResult.concat(results)) if results else {}
-    return Rollouts(trajectories, {**metrics, **episode_metrics(trajectories), **agent_metrics(trajectories)})
+    batching = {
+        "agent/generator_calls": float(run.queue.batches),
+        "agent/rows_per_call": run.queue.rows / max(run.queue.batches, 1),
+    }
+    return Rollouts(
+        trajectories, {**metrics, **episode_metrics(trajectories), **agent_metrics(trajectories), **batching}
+    )
