@@ -40,6 +40,21 @@ def test_sampler_reshuffles_per_epoch_and_resumes_from_state():
     assert [c.next_batch() for _ in range(2)] == order[3:5]
 
 
+def test_a_sampler_refuses_the_state_of_a_sampler_over_other_data():
+    """A resumed run whose training set changed size (e.g. a changed validation set dropped other
+    training tasks) would continue with batches the run never planned: a clear error instead."""
+    from posttrain.data.batching import ChangedDataError
+
+    a = EpochSampler(10, 4, seed=3)
+    a.next_batch()
+    with pytest.raises(ChangedDataError, match="sampling 10 training items and this run has 9"):
+        EpochSampler(9, 4, seed=3).load_state_dict(a.state_dict())
+    old = {"epoch": 0, "offset": 4}  # a checkpoint written before the count was saved
+    b = EpochSampler(9, 4, seed=3)
+    b.load_state_dict(old)
+    assert b.offset == 4
+
+
 def test_reorder_moves_every_tensor_field_together():
     batch = collate(_examples([3, 1, 2]))
     out = batch.reorder([2, 0, 1])

@@ -10,6 +10,11 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.data.tokenize import TokenizedExample
+from posttrain.errors import UserError
+
+
+class ChangedDataError(UserError):
+    """A resumed run's training data is not the data its checkpoint was sampling."""
 
 
 @dataclass
@@ -140,9 +145,19 @@ class EpochSampler:
         return batch
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "offset": self.offset}
+        return {"epoch": self.epoch, "offset": self.offset, "num_items": self.num_items}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume at the saved position; a different number of items (the training data changed
+        since the checkpoint) is a `ChangedDataError`, since its batches would not continue the run's."""
+        saved = state.get("num_items", self.num_items)  # checkpoints before the count was saved
+        if saved != self.num_items:
+            raise ChangedDataError(
+                f"the checkpoint was sampling {saved} training items and this run has {self.num_items}: "
+                "the training data changed since the checkpoint (with data.exclude_validation_from_train, "
+                "a changed data.validation also changes which training tasks are dropped). Resume with "
+                "the same data, or start a new run (another logging.run_dir, or checkpoint.resume=none)"
+            )
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
 
 
