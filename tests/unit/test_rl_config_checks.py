@@ -129,6 +129,29 @@ def test_importance_correction_is_allowed_where_both_sides_agree(overrides):
     assert cfg.loss.importance_correction == "truncated"
 
 
+@pytest.mark.parametrize("loop", ["grpo", "ppo"])
+def test_a_lower_precision_engine_gets_truncated_importance_weights_by_default(loop):
+    """vLLM sampling in bf16 under a float32 policy: importance correction is on ("truncated") unless
+    the config sets it, null included; an engine in the policy's own dtype leaves it off."""
+    bf16_engine = ["generation.backend=vllm", "generation.vllm.dtype=bfloat16"]
+    assert _load(loop, []).loss.importance_correction is None  # "auto" resolved: the sampler is the trainer
+    assert _load(loop, bf16_engine).loss.importance_correction == "truncated"
+    assert (
+        _load(loop, [*bf16_engine, "loss.importance_correction=icepop"]).loss.importance_correction
+        == "icepop"
+    )
+    assert _load(loop, [*bf16_engine, "loss.importance_correction=null"]).loss.importance_correction is None
+    assert _load(loop, ["generation.backend=vllm"]).loss.importance_correction is None
+    assert (
+        _load(loop, ["generation.backend=vllm", "generation.vllm.dtype=float32"]).loss.importance_correction
+        is None
+    )
+    with pytest.raises(
+        ConfigError, match="truncated distribution"
+    ):  # the default's ratios would be biased too
+        _load(loop, [*bf16_engine, "generation.top_p=0.9"])
+
+
 def test_distill_allows_vllm_truncated_sampling():
     # the distillation loss reads no generation logprobs
     assert _load("distill", VLLM_TOP_P).generation.top_p == 0.9

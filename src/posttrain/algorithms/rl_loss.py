@@ -105,6 +105,8 @@ def loss_knobs(loss: LossSettings) -> dict[str, Any]:
     the others are its hyper-parameters. With ``kl_in_reward`` the KL is in the advantages and the
     loss gets kl_beta = 0 (it still reports the KL, the reference logprobs being in the batch)."""
     knobs = loss.model_dump(exclude=set(TRAINER_ONLY_LOSS_FIELDS))
+    if knobs.get("importance_correction") == "auto":  # a run's config resolves it; alone, no engine differs
+        knobs["importance_correction"] = None
     if loss.kl_in_reward:
         knobs["kl_beta"] = 0.0
     if loss.policy_loss == "cispo":  # the config rejects non-defaults for these

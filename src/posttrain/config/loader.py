@@ -167,7 +167,9 @@ def config_from_data(model: type[T], data: dict) -> T:
     A `data` section that names data of its own drops the defaults that belong to the quickstart's
     task unless it sets them (`posttrain.config.common.quickstart_keys_to_drop`): no validation split,
     no worked example turns."""
-    defaults = model().model_dump()
+    # the declared defaults, before validators resolve any ("auto" ones, e.g. loss.importance_correction):
+    # the validators run once, on the merged data, where they can tell a default from a user's value
+    defaults = model.model_construct().model_dump()
     drop_replaced_defaults(defaults, data)
     user_data = data.get("data")
     if isinstance(defaults.get("data"), dict) and isinstance(user_data, dict):

@@ -51,11 +51,13 @@ class LossConfig(Strict):
         "sequence's reward loses β Σ_t KL_t before the advantages (reinforce_pp: per token, β times the "
         "KL still to come). The loss then only reports the KL.",
     )
-    importance_correction: Literal["plain", "truncated", "icepop", "seq_mask"] | None = Field(
-        None,
+    importance_correction: Literal["auto", "plain", "truncated", "icepop", "seq_mask"] | None = Field(
+        "auto",
         description="Weight the policy-gradient term by π_old / π_gen (inference-engine mismatch). "
         "truncated: clamp to [importance_min, importance_cap]; icepop: tokens outside the bounds get 0; "
-        "seq_mask: sequences whose geometric-mean ratio is outside the bounds get 0.",
+        "seq_mask: sequences whose geometric-mean ratio is outside the bounds get 0. auto: truncated "
+        "where the sampler is not the trainer (async GRPO's stale weights; a vLLM engine in another "
+        "dtype than the policy, e.g. bfloat16 under float32), else off; null: off.",
     )
     importance_cap: float = Field(2.0, gt=0, description="Upper bound of the importance ratio.")
     importance_min: float | None = Field(

@@ -98,7 +98,7 @@ class GRPOTrainerConfig(RLLoopConfig):
         description="Asynchronous GRPO (docs/async.md): generation workers keep producing rollout groups "
         "with the newest weights they have while the policy trains; needs generation.placement=split. "
         "Stale data gets π_old recomputed and the behaviour-vs-π_old importance weight "
-        "(loss.importance_correction, truncated unless set).",
+        "(loss.importance_correction: auto makes it truncated).",
     )
     max_trajectory_age_steps: int = Field(
         1,
@@ -173,6 +173,7 @@ def check_rl_config(cfg: Any, loop: str) -> None:
         check_local_workers("teacher", teacher.num_workers, cfg.cluster)
     loss = getattr(cfg, "loss", None)
     if loss is not None:
+        default_importance_correction(cfg, loop)
         check_truncated_sampling(cfg, loop)
         if loss.importance_correction is not None and cfg.generation.backend == "hf":
             if cfg.generation.placement == "colocated":
@@ -181,6 +182,21 @@ def check_rl_config(cfg: Any, loop: str) -> None:
                     "engine that differs from the trainer, but generation.backend=hf colocated samples with "
                     "the trainer's own model and weights (ratio 1 up to rounding): it has no effect here"
                 )
+
+
+def default_importance_correction(cfg: Any, loop: str) -> None:
+    """Resolve loss.importance_correction="auto" (the default): "truncated" (π_old / π_gen clamped at
+    loss.importance_cap) where the sampler's logprobs are not the trainer's, else None. They differ on
+    every token with async GRPO (stale weights) and with a vLLM engine that samples in another dtype
+    than training computes in (generation.vllm.dtype=bfloat16 under a float32 policy: faster
+    rollouts, what GPU RL does); token_mult_prob_error and gen_kl show the mismatch it corrects."""
+    loss = cfg.loss
+    if loss.importance_correction != "auto":
+        return
+    g = cfg.generation
+    stale = bool(getattr(getattr(cfg, loop), "async_mode", False))
+    lower_precision = g.backend == "vllm" and g.vllm.dtype not in ("auto", cfg.policy.dtype)
+    loss.importance_correction = "truncated" if stale or lower_precision else None
 
 
 def check_local_workers(section: str, workers: int, cluster: ClusterConfig) -> None:
@@ -370,7 +386,7 @@ class GRPOConfig(RLConfig):
     @model_validator(mode="after")
     def _async_mode(self) -> GRPOConfig:
         """Asynchronous GRPO needs generation workers of its own, a snapshot-capable refit and whole
-        batches; its importance correction defaults to truncated IS."""
+        batches (its importance correction defaults to truncated IS: `default_importance_correction`)."""
         g = self.grpo
         self._check_partial_rollouts()
         if not g.async_mode:
@@ -396,8 +412,6 @@ class GRPOConfig(RLConfig):
                 f"grpo.async_buffer_groups={g.async_buffer_groups} cannot hold one step's "
                 f"{g.prompts_per_step} groups (grpo.prompts_per_step); raise it or leave it null"
             )
-        if "importance_correction" not in self.loss.model_fields_set:
-            self.loss.importance_correction = "truncated"
         return self
 
     def _check_partial_rollouts(self) -> None:

@@ -76,8 +76,8 @@ class VLLMConfig(Strict):
         "auto",
         description="The engine's weights and compute; auto: the policy's dtype. bfloat16 under a float32 "
         "policy generates faster (GPUs; CPUs with AMX) and refits cast the weights; generation logprobs "
-        "then differ more from training's (watch token_mult_prob_error; loss.importance_correction "
-        "corrects for it). The checksum refit check compares the policy's weights cast to this dtype.",
+        "then differ more from training's (token_mult_prob_error, gen_kl); loss.importance_correction "
+        "(auto: truncated in this case) corrects for it. The checksum refit check compares the policy's weights cast to this dtype.",
     )
     lora_adapter: bool = Field(
         False,
