@@ -100,6 +100,28 @@ def test_split_tasks_never_share_a_question() -> None:
         env.generate_tasks(3, seed=0, split="validation")
 
 
+def test_worked_examples_sit_between_the_system_prompt_and_the_question() -> None:
+    """`examples` (the direction recipe's worked 2-digit sum) come after the system prompt and before
+    each question; a copy of the example's answer is just a wrong answer, scored as one."""
+    example = [
+        {"role": "user", "content": "Calculate 14 + 23."},
+        {"role": "assistant", "content": "14 + 23 = 37\n\nThe answer is \\boxed{37}."},
+    ]
+    env = ReasoningGymEnvironment(
+        "basic_arithmetic", dataset_config=ONE_DIGIT, answer_format="boxed", timeout_s=None, examples=example
+    )
+    task = {"question": "Calculate 7 + 8.", "answer": "15", "metadata": {}}
+    [start] = env.reset([task], [0])
+    assert [m["role"] for m in start.messages] == ["system", "user", "assistant", "user"]
+    assert start.messages[1:3] == example and start.messages[3]["content"] == "Calculate 7 + 8."
+    [copied] = start_and_reply(env, task, "\\boxed{37}")
+    [right] = start_and_reply(env, task, "\\boxed{15}")
+    assert (copied.rewards, copied.info[0]["correct"]) == ([0.0], False)
+    assert (right.rewards, right.info[0]["correct"]) == ([1.0], True)
+    example[0]["content"] = "changed"  # the environment keeps its own copy
+    assert env.reset([task], [0])[0].messages[1]["content"] == "Calculate 14 + 23."
+
+
 def test_single_turn_scores_with_the_datasets_scorer(arithmetic: ReasoningGymEnvironment) -> None:
     task = {"seed": 3, "size": 4, "index": 0}
     replies = {

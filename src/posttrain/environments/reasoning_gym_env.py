@@ -180,6 +180,10 @@ class ReasoningGymEnvironment(PooledEnvironment):
         feedback: "verdict" (the retry turn says the answer's score and that it is not correct) or
             "direction" (for a numeric task, also whether the answer is too high or too low: the
             second try has information the first did not; the verdict alone is its baseline).
+        examples: messages placed between the system prompt and the question (a worked example:
+            a user question and the assistant's answer in the answer format); a small model copies
+            a demonstrated answer format far more often than it follows a described one. An answer
+            copied from them that is not right scores 0 (`copied_from_prompt`).
 
     Metadata: the task's fields, "entry" (question, answer, metadata) and "tries" (answers so far).
     Info per turn: "extracted_answer", "score", "correct", "tries", "verifier_error", "copied_prompt".
@@ -201,6 +205,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
         timeout_s: float | None = 10.0,
         num_procs: int = 1,
         feedback: Literal["verdict", "direction"] = "verdict",
+        examples: list[Message] | None = None,
     ) -> None:
         import reasoning_gym
 
@@ -238,6 +243,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
         self.format_reward = format_reward
         self.timeout_s = timeout_s
         self.num_procs = num_procs
+        self.examples = [dict(m) for m in examples or ()]
         self._pool: TimeoutPool | None = None
 
     def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
@@ -284,7 +290,10 @@ class ReasoningGymEnvironment(PooledEnvironment):
         starts = []
         for task, seed in zip(tasks, seeds, strict=True):
             entry = self.entry(task, seed)
-            messages: list[Message] = [{"role": "user", "content": entry["question"]}]
+            messages: list[Message] = [
+                *(dict(m) for m in self.examples),
+                {"role": "user", "content": entry["question"]},
+            ]
             if self.system_prompt:
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
             starts.append(EpisodeStart(messages, {**task, "entry": entry, "tries": 0}))
