@@ -36,11 +36,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from posttrain.config.commands import COMMANDS
-from posttrain.config.loader import apply_overrides, config_from_data, load_yaml, validate
+from posttrain.config.loader import SOURCE_KEYS, apply_overrides, config_from_data, load_yaml, validate
 
 ConfigLike = BaseModel | Mapping[str, Any] | str | Path | None
 Callback = Callable[[int, dict[str, float]], Any]
-SOURCE_KEYS = ("path", "reasoning_gym", "environment_tasks")
 
 
 def make_config(

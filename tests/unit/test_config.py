@@ -62,6 +62,22 @@ def test_naming_a_file_source_replaces_the_generated_default():
         load_config(SFTConfig, None, ["data.train.path=my.jsonl", "data.train.reasoning_gym.size=3"])
 
 
+def test_naming_environment_tasks_replaces_the_generated_default():
+    """GRPO's default data are generated reasoning-gym sums; a run on an environment's own tasks names
+    `environment_tasks` alone (it used to need `reasoning_gym: null` beside it on each split)."""
+    from posttrain.config.rl import GRPOConfig
+
+    overrides = [
+        "environment.name=wordle",
+        "environment.max_turns=6",
+        "data.train.environment_tasks.size=100",
+        "data.validation.environment_tasks.size=8",
+    ]
+    cfg = load_config(GRPOConfig, None, overrides)
+    assert cfg.data.train.reasoning_gym is None and cfg.data.train.environment_tasks.size == 100
+    assert cfg.data.validation.reasoning_gym is None and cfg.data.validation.environment_tasks.size == 8
+
+
 def test_cli_print_config_and_config_errors(capsys):
     assert main(["sft", "--print-config", "sft.max_steps=3"]) == 0
     out = capsys.readouterr().out

@@ -29,8 +29,8 @@ class OverrideError(ConfigError):
     """A recipe file that is valid on its own, made invalid by command-line overrides."""
 
 
-SOURCE_KEYS = frozenset({"path", "reasoning_gym"})
-"""Mutually exclusive keys of a dataset: a user who names one replaces the default's other."""
+SOURCE_KEYS = frozenset({"path", "reasoning_gym", "environment_tasks"})
+"""Mutually exclusive keys of a dataset: a user who names one replaces the default's others."""
 
 
 def deep_merge(base: dict, override: dict, exclusive: frozenset[str] = frozenset()) -> dict:
