@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +99,7 @@ def sampled_logprobs(model, prompt: list[int], samples: list[list[int]]) -> torc
     return torch.cat(out)
 
 
-def sampling_table(args: argparse.Namespace) -> None:
+def sampling_table(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     from posttrain.generation.sampling import SamplingParams, hf_generate
     from posttrain.modeling.loading import load_causal_lm
     from posttrain.modeling.tokenizer import load_tokenizer
@@ -117,7 +119,8 @@ def sampling_table(args: argparse.Namespace) -> None:
         out = hf_generate(m, tokenizer, [prompt] * args.rows, params, batch_size=args.rows)
         return sum(map(len, out.token_ids)) / (time.perf_counter() - start), out.token_ids
 
-    variants = {"bf16": copy.deepcopy(model).bfloat16()}
+    # the fp32 copy checks the measurement itself: its mismatch must be exactly 0
+    variants = {"fp32 (a copy)": copy.deepcopy(model), "bf16": copy.deepcopy(model).bfloat16()}
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     for label, pick in LINEAR_SETS.items():
         spec = {n for n in linears if pick(n)}
@@ -129,14 +132,22 @@ def sampling_table(args: argparse.Namespace) -> None:
     print(
         f"{'variant':>30} {'tokens/s vs fp32':>17} {'mean |dlogp|':>13} {'p95 |dlogp|':>12} {'ratio in [0.5, 2]':>18}"
     )
+    results = {}
     for label, variant in variants.items():
         variant_rate, samples = rate(variant)
         diff = (sampled_logprobs(model, prompt, samples) - sampled_logprobs(variant, prompt, samples)).abs()
         inside = (diff <= torch.log(torch.tensor(2.0))).float().mean().item()
+        results[label] = {
+            "speed_vs_fp32": variant_rate / fp32_rate,
+            "mean_abs_dlogp": diff.mean().item(),
+            "p95_abs_dlogp": diff.quantile(0.95).item(),
+            "ratio_in_bounds": inside,
+        }
         print(
             f"{label:>30} {variant_rate / fp32_rate:16.2f}x {diff.mean().item():13.3f} "
             f"{diff.quantile(0.95).item():12.3f} {inside:17.1%}"
         )
+    return results
 
 
 def main() -> None:
@@ -148,6 +159,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument(
+        "--json", help="also write table 2 here, {variant: {speed_vs_fp32, mean_abs_dlogp, ...}}"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # torch.ao.quantization's notice
     torch.set_num_threads(args.threads)
@@ -156,7 +170,9 @@ def main() -> None:
         f"{cpu_model()}; torch {torch.__version__}, {args.threads} threads; load average {os.getloadavg()[0]:.2f}"
     )
     projection_table(args.rows, args.repeats)
-    sampling_table(args)
+    results = sampling_table(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"\nload average {os.getloadavg()[0]:.2f}")
 
 
