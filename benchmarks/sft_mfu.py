@@ -4,6 +4,10 @@ Usage:
 
     python benchmarks/sft_mfu.py                      # 16 sequences x 128 tokens, defaults below
     python benchmarks/sft_mfu.py --steps 5 --rounds 4 --arm compiled:compile=true
+    python benchmarks/sft_mfu.py --device cuda --dtype bfloat16 --batch-size 32 --seq-len 512
+
+On CUDA (--device cuda) every arm runs on the GPU, the peak is torch.mm in --dtype on the GPU
+(default sizes 4096 and 8192), and each timed step ends with torch.cuda.synchronize().
 
 What it measures, all in one process with torch's default thread count (unless --threads):
 
@@ -58,19 +62,31 @@ DEFAULT_MODEL = Path("~/.cache/posttrain/models/smollm2-135m-instruct").expandus
 
 
 # ----------------------------------------------------------------------------- machine
-def matmul_peak(sizes: list[int], repeats: int) -> tuple[float, dict[int, float]]:
-    """Best fp32 torch.mm FLOP/s over `sizes` (each the best of `repeats`), and the per-size bests."""
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a no-op on CPU), so that a wall-clock time covers it."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(
+    sizes: list[int], repeats: int, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[float, dict[int, float]]:
+    """Best torch.mm FLOP/s in `dtype` on `device` over `sizes` (each the best of `repeats`), and the
+    per-size bests."""
     per_size = {}
     for n in sizes:
         gen = torch.Generator().manual_seed(n)
-        a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
-        out = torch.empty(n, n)
+        a = torch.randn(n, n, generator=gen).to(device, dtype)
+        b = torch.randn(n, n, generator=gen).to(device, dtype)
+        out = torch.empty(n, n, device=device, dtype=dtype)
         for _ in range(2):
             torch.mm(a, b, out=out)
+        sync(device)
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
             torch.mm(a, b, out=out)
+            sync(device)
             best = min(best, time.perf_counter() - start)
         per_size[n] = 2 * n**3 / best
     return max(per_size.values()), per_size
@@ -100,20 +116,30 @@ def compile_seconds() -> float:
 
 
 # ----------------------------------------------------------------------------- arms
-def hf_arm(model_path: str, input_ids: torch.Tensor, micro: int, lr: float) -> Callable[[], None]:
-    """A plain HF loop: forward with labels, backward, AdamW (torch defaults) step."""
+def hf_arm(
+    model_path: str,
+    input_ids: torch.Tensor,
+    micro: int,
+    lr: float,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Callable[[], None]:
+    """A plain HF loop: forward with labels, backward, AdamW (torch defaults) step. In bfloat16 the
+    weights stay fp32 and the forward runs under torch.autocast, like posttrain's policy.dtype."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    autocast = torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)
     model.config.use_cache = False
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    chunks = input_ids.split(micro)
+    chunks = input_ids.to(device).split(micro)
 
     def step() -> None:
         for ids in chunks:
-            loss = model(input_ids=ids, labels=ids).loss * (ids.shape[0] / input_ids.shape[0])
+            with autocast:
+                loss = model(input_ids=ids, labels=ids).loss * (ids.shape[0] / input_ids.shape[0])
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -138,7 +164,7 @@ def parse_overrides(text: str) -> dict[str, object]:
 
 
 def posttrain_arm(
-    model_path: str, input_ids: torch.Tensor, micro: int, overrides: dict[str, object]
+    model_path: str, input_ids: torch.Tensor, micro: int, overrides: dict[str, object], gpus: int = 0
 ) -> Callable[[], None]:
     from posttrain.config.common import PolicyConfig
     from posttrain.data.batching import TokenBatch
@@ -146,7 +172,7 @@ def posttrain_arm(
     from posttrain.trainers.sft import sft_loss
 
     cfg = PolicyConfig.model_validate({"train_micro_batch_size": micro, **overrides})
-    policy = Policy(cfg, model_path=model_path, total_steps=10_000)
+    policy = Policy(cfg, model_path=model_path, total_steps=10_000, gpus=gpus)
     loss_mask = torch.ones(input_ids.shape, dtype=torch.float32)
     loss_mask[:, 0] = 0.0
     batch = TokenBatch(input_ids, torch.ones_like(input_ids), loss_mask)
@@ -185,7 +211,17 @@ def main(argv: list[str] | None = None) -> None:
         help="A posttrain arm with PolicyConfig overrides (repeatable); default: one arm 'posttrain:' "
         "with the schema defaults.",
     )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the peak's matmul, the HF model and posttrain's policy.dtype (an arm may override it)",
+    )
     args = p.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    if args.device == "cuda" and args.matmul_sizes == [1024, 1536, 2048]:
+        args.matmul_sizes = [4096, 8192]
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -197,21 +233,23 @@ def main(argv: list[str] | None = None) -> None:
     micro = args.micro_batch_size or args.batch_size
     hf_micro = args.hf_micro_batch_size or args.batch_size
     print(
-        f"batch: {args.batch_size} sequences x {args.seq_len} tokens (random ids), fp32; "
+        f"batch: {args.batch_size} sequences x {args.seq_len} tokens (random ids), {args.dtype} on "
+        f"{args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else "") + "; "
         f"posttrain micro-batch {micro}, HF micro-batch {hf_micro}"
     )
 
-    peaks = [matmul_peak(args.matmul_sizes, args.matmul_repeats)]
+    peaks = [matmul_peak(args.matmul_sizes, args.matmul_repeats, args.device, dtype)]
 
     gen = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, 49152, (args.batch_size, args.seq_len), generator=gen)
 
     arms: dict[str, Callable[[], None]] = {}
     if not args.no_hf:
-        arms["hf"] = hf_arm(args.model, input_ids, hf_micro, args.lr)
+        arms["hf"] = hf_arm(args.model, input_ids, hf_micro, args.lr, args.device, dtype)
     for spec in args.arm or ["posttrain:"]:
         name, _, text = spec.partition(":")
-        arms[name] = posttrain_arm(args.model, input_ids, micro, parse_overrides(text))
+        overrides = {"dtype": args.dtype, **parse_overrides(text)}
+        arms[name] = posttrain_arm(args.model, input_ids, micro, overrides, int(args.device == "cuda"))
         if text:
             print(f"arm {name}: {text}")
 
@@ -226,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(args.warmup):
             start = time.perf_counter()
             step()
+            sync(args.device)
             if i == 0:
                 first_step_s[name] = time.perf_counter() - start
         compile_s[name] = compile_seconds() - before
@@ -236,12 +275,13 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(args.steps):
                 start = time.perf_counter()
                 step()
+                sync(args.device)
                 times[name].append(time.perf_counter() - start)
-        peaks.append(matmul_peak(args.matmul_sizes, args.matmul_repeats))
+        peaks.append(matmul_peak(args.matmul_sizes, args.matmul_repeats, args.device, dtype))
 
     peak, per_size = max(peaks, key=lambda x: x[0])
     print(
-        "fp32 matmul peak: "
+        f"{args.dtype} matmul peak: "
         + ", ".join(f"n={n}: {f / 1e9:.1f}" for n, f in per_size.items())
         + f" GFLOP/s -> peak {peak / 1e9:.1f} GFLOP/s (best of {len(peaks)} measurements)"
     )

@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_suite.sh"
-PARTS = ["gpu_tests", "vllm_tests", "quickstart_hf", "quickstart_vllm", "head_memory", "refit", "mfu"]
+PARTS = [
+    "gpu_tests",
+    "quickstart_hf",
+    "quickstart_hf_local",
+    "vllm_tests",
+    "quickstart_vllm",
+    "refit",
+    "head_memory",
+    "mfu",
+]
+VLLM_PARTS = ["vllm_tests", "quickstart_vllm", "refit"]
 
 
 def _executable(path: Path, body: str) -> Path:
@@ -66,7 +76,7 @@ def test_with_a_cpu_only_torch_it_stops_before_running_anything(tmp_path: Path) 
 
 def test_every_part_runs_and_is_reported_when_one_fails(tmp_path: Path) -> None:
     """A fake CUDA machine: nvidia-smi prints a line, `python` passes the CUDA check and every command
-    except the GPU tests, which fail; `posttrain` passes. All seven parts run, in order."""
+    except the GPU tests, which fail; `posttrain` passes. All eight parts run, in order."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _executable(bin_dir / "nvidia-smi", "echo 'NVIDIA FAKE-100 80GB'\n")
@@ -90,3 +100,26 @@ def test_every_part_runs_and_is_reported_when_one_fails(tmp_path: Path) -> None:
     assert all((tmp_path / "out" / f"{name}.log").exists() for name in PARTS)
     ran = calls.read_text()
     assert "grpo.max_steps=2" in ran and "grpo_math_vllm.yaml" in ran and "--device cuda" in ran
+
+
+def test_without_vllm_its_parts_are_reported_skipped(tmp_path: Path) -> None:
+    """`import vllm` fails: the three vLLM parts are named in the report as skipped, the others run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi", "echo 'NVIDIA FAKE-100 80GB'\n")
+    python = _executable(
+        bin_dir / "fakepython",
+        'case "$*" in *"import vllm"*) exit 1;; esac\necho "ran: $*" >> "$CALLS"\necho "ok: $*"\n',
+    )
+    posttrain = _executable(bin_dir / "fakeposttrain", 'echo "ran: posttrain $*" >> "$CALLS"\n')
+    calls = tmp_path / "calls.txt"
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(python), "POSTTRAIN": str(posttrain)}
+    proc = _run(tmp_path, {**env, "CALLS": str(calls)})
+    assert proc.returncode == 0, proc.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert re.findall(r"^## (\w+)$", report, flags=re.M) == PARTS
+    for name in VLLM_PARTS:
+        assert f"## {name}\n\nskipped: vllm does not import" in report
+    ran = calls.read_text()
+    assert "tests/vllm_engine" not in ran and "grpo_math_vllm.yaml" not in ran and "refit-only" not in ran
+    assert "cluster.backend=local" in ran
