@@ -53,12 +53,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
 
-DEFAULT_MODEL = Path("~/.cache/posttrain/models/smollm2-135m-instruct").expanduser()
+from posttrain.models.hub import model_dir
+
+DEFAULT_MODEL = model_dir("smollm2-135m-instruct")  # honours POSTTRAIN_CACHE
 
 
 # ----------------------------------------------------------------------------- machine
