@@ -225,6 +225,33 @@ def test_direction_feedback_says_too_high_or_too_low() -> None:
         ReasoningGymEnvironment("basic_arithmetic", timeout_s=None, feedback="hints")
 
 
+def test_named_feedback_format_leaves_no_placeholder_to_copy() -> None:
+    """feedback_format="named": the retry turn names the answer format without a fill-in placeholder,
+    in both answer formats; the direction hint is kept (entry 0 of seed 3, size 4 is -61)."""
+    task = {"seed": 3, "size": 4, "index": 0}
+    for answer_format, wrap, named in (
+        ("answer_tag", "<answer>{}</answer>", "in <answer></answer> tags"),
+        ("boxed", "\\boxed{{{}}}", "in \\boxed{}"),
+    ):
+        env = ReasoningGymEnvironment(
+            "basic_arithmetic", answer_format=answer_format, max_tries=2, timeout_s=None,
+            feedback="direction", feedback_format="named",
+        )  # fmt: skip
+        [first] = start_and_reply(env, task, wrap.format("-60"))
+        assert first.observations[0]["content"] == (
+            f"Your answer '-60' scored 0 out of 1, which is not correct. It is too high. Try again, and give "
+            f"your final answer {named}."
+        )
+        [none] = start_and_reply(env, task, "no answer")
+        assert (
+            none.observations[0]["content"]
+            == f"I could not find your final answer. Try again, and give it {named}."
+        )
+        assert "your answer}" not in first.observations[0]["content"] + none.observations[0]["content"]
+    with pytest.raises(ValueError, match="feedback_format must be"):
+        ReasoningGymEnvironment("basic_arithmetic", timeout_s=None, feedback_format="shown")
+
+
 def test_format_reward_is_the_least_reward_of_a_found_wrong_answer() -> None:
     # "Calculate 5 - 3." (seed 1, size 3, entry 0): 2. Two tries, the second's reward halved.
     env = ReasoningGymEnvironment(

@@ -180,6 +180,10 @@ class ReasoningGymEnvironment(PooledEnvironment):
         feedback: "verdict" (the retry turn says the answer's score and that it is not correct) or
             "direction" (for a numeric task, also whether the answer is too high or too low: the
             second try has information the first did not; the verdict alone is its baseline).
+        feedback_format: how the retry turn asks for the answer format: "placeholder" shows it filled
+            with a placeholder ("give your final answer as \\boxed{your answer}"), "named" only names
+            it ("give your final answer in \\boxed{}"), leaving nothing to copy: a small policy
+            copied the placeholder in up to 77% of its second tries (issue #32 item 4).
         examples: messages placed between the system prompt and the question (a worked example:
             a user question and the assistant's answer in the answer format); a small model copies
             a demonstrated answer format far more often than it follows a described one. An answer
@@ -205,6 +209,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
         timeout_s: float | None = 10.0,
         num_procs: int = 1,
         feedback: Literal["verdict", "direction"] = "verdict",
+        feedback_format: Literal["placeholder", "named"] = "placeholder",
         examples: list[Message] | None = None,
     ) -> None:
         import reasoning_gym
@@ -212,6 +217,9 @@ class ReasoningGymEnvironment(PooledEnvironment):
         if feedback not in ("verdict", "direction"):
             raise ValueError(f"feedback must be 'verdict' or 'direction', got {feedback!r}")
         self.feedback_mode = feedback
+        if feedback_format not in ("placeholder", "named"):
+            raise ValueError(f"feedback_format must be 'placeholder' or 'named', got {feedback_format!r}")
+        self.feedback_format = feedback_format
 
         if dataset not in reasoning_gym.factory.DATASETS:
             raise ValueError(
@@ -323,14 +331,21 @@ class ReasoningGymEnvironment(PooledEnvironment):
     def feedback(self, answer: str | None, score: float, gold: Any = None) -> str:
         """The user turn after an answer that is not correct: the verdict, and with
         `feedback="direction"` whether a numeric answer is too high or too low (`direction_hint`)."""
-        fmt = "<answer>your answer</answer>" if self.answer_format == "answer_tag" else "\\boxed{your answer}"
+        if self.feedback_format == "named":
+            fmt = "in <answer></answer> tags" if self.answer_format == "answer_tag" else "in \\boxed{}"
+        else:
+            fmt = (
+                "as <answer>your answer</answer>"
+                if self.answer_format == "answer_tag"
+                else "as \\boxed{your answer}"
+            )
         if answer is None:
-            return f"I could not find your final answer. Try again, and give it as {fmt}."
+            return f"I could not find your final answer. Try again, and give it {fmt}."
         verdict = f"Your answer {answer!r} scored {score:g} out of 1, which is not correct."
         hint = direction_hint(answer, gold) if self.feedback_mode == "direction" else None
         if hint:
             verdict += f" {hint}"
-        return f"{verdict} Try again, and give your final answer as {fmt}."
+        return f"{verdict} Try again, and give your final answer {fmt}."
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         answers = [extract_answer(last_assistant_content(log), self.answer_format) for log in message_logs]
