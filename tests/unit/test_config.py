@@ -62,6 +62,31 @@ def test_naming_a_file_source_replaces_the_generated_default():
         load_config(SFTConfig, None, ["data.train.path=my.jsonl", "data.train.reasoning_gym.size=3"])
 
 
+def test_a_source_named_over_a_recipe_replaces_the_recipe_source(tmp_path):
+    """Each layer that names a dataset source replaces the others below it: a child recipe over its
+    `defaults:` parent, and command-line overrides over a recipe (the quickstart recipe names
+    `reasoning_gym` on both splits)."""
+    quickstart = Path(__file__).parents[2] / "examples" / "configs" / "grpo_math.yaml"
+    (tmp_path / "child.yaml").write_text(
+        f"defaults: {quickstart}\ndata:\n  train: {{path: my.jsonl}}\n"
+        "  validation: {environment_tasks: {size: 8}}\n"
+    )
+    from posttrain.config.rl import GRPOConfig
+
+    cfg = load_config(GRPOConfig, tmp_path / "child.yaml")
+    assert cfg.data.train.path == "my.jsonl" and cfg.data.train.reasoning_gym is None
+    assert cfg.data.validation.environment_tasks.size == 8 and cfg.data.validation.reasoning_gym is None
+    cfg = load_config(GRPOConfig, quickstart, ["data.train.path=my.jsonl", "data.validation.path=val.jsonl"])
+    assert (cfg.data.train.path, cfg.data.validation.path) == ("my.jsonl", "val.jsonl")
+    assert cfg.data.train.reasoning_gym is None and cfg.data.validation.reasoning_gym is None
+    # a field of the recipe's own source keeps the source; null drops nothing
+    cfg = load_config(GRPOConfig, quickstart, ["data.train.reasoning_gym.size=7", "data.train.path=null"])
+    assert cfg.data.train.reasoning_gym.size == 7 and cfg.data.train.reasoning_gym.seed == 11
+    # two sources named by the overrides themselves are the user's conflict
+    with pytest.raises(ConfigError, match="set exactly one of `path`"):
+        load_config(GRPOConfig, quickstart, ["data.train.path=my.jsonl", "data.train.reasoning_gym.size=3"])
+
+
 def test_naming_environment_tasks_replaces_the_generated_default():
     """GRPO's default data are generated reasoning-gym sums; a run on an environment's own tasks names
     `environment_tasks` alone (it used to need `reasoning_gym: null` beside it on each split)."""

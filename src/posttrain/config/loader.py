@@ -30,7 +30,8 @@ class OverrideError(ConfigError):
 
 
 SOURCE_KEYS = frozenset({"path", "reasoning_gym", "environment_tasks"})
-"""Mutually exclusive keys of a dataset: a user who names one replaces the default's others."""
+"""Mutually exclusive keys of a dataset: a layer that names one replaces the layers' below others, at
+every layer (the algorithm's defaults, a recipe's `defaults:` parents, the recipe, command-line overrides)."""
 
 
 def deep_merge(base: dict, override: dict, exclusive: frozenset[str] = frozenset()) -> dict:
@@ -64,27 +65,44 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         parents = [parents]
     merged: dict = {}
     for parent in parents:
-        merged = deep_merge(merged, load_yaml(path.parent / parent, (*_seen, path)))
-    return deep_merge(merged, data)
+        merged = deep_merge(merged, load_yaml(path.parent / parent, (*_seen, path)), SOURCE_KEYS)
+    return deep_merge(merged, data, SOURCE_KEYS)
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply `a.b.c=value` strings; `value` is parsed as YAML (`1e-5`, `true`, `[1, 2]`, `null`)."""
+    """Apply `a.b.c=value` strings; `value` is parsed as YAML (`1e-5`, `true`, `[1, 2]`, `null`).
+
+    An override that names a dataset source (`data.train.path=...`, `data.train.reasoning_gym.size=3`)
+    replaces the recipe's other sources there (`SOURCE_KEYS`); two sources named by the overrides
+    themselves stay, and validation reports the conflict."""
     data = dict(data)
+    named: set[tuple[str, ...]] = set()  # source keys the overrides have named
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.path=value")
         value = yaml.safe_load(raw) if raw != "" else ""
         node: dict = data
-        parts = key.split(".")
-        for part in parts[:-1]:
+        parts = tuple(key.split("."))
+        for depth, part in enumerate(parts):
+            if part in SOURCE_KEYS and (depth < len(parts) - 1 or value is not None):
+                _name_source(node, parts[:depth], part, named)
+            if depth == len(parts) - 1:
+                node[part] = value
+                break
             child = node.get(part)
             child = dict(child) if isinstance(child, dict) else {}
             node[part] = child
             node = child
-        node[parts[-1]] = value
     return data
+
+
+def _name_source(node: dict, at: tuple[str, ...], source: str, named: set[tuple[str, ...]]) -> None:
+    """`source` is named by an override at `at`: drop the other sources there unless an override named them."""
+    for other in SOURCE_KEYS - {source}:
+        if (*at, other) not in named:
+            node.pop(other, None)
+    named.add((*at, source))
 
 
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
