@@ -74,22 +74,30 @@ def test_with_a_cpu_only_torch_it_stops_before_running_anything(tmp_path: Path) 
     assert not (tmp_path / "out").exists()
 
 
-def test_every_part_runs_and_is_reported_when_one_fails(tmp_path: Path) -> None:
-    """A fake CUDA machine: nvidia-smi prints a line, `python` passes the CUDA check and every command
-    except the GPU tests, which fail; `posttrain` passes. All eight parts run, in order."""
+def _fake_cuda_machine(tmp_path: Path, *, python: str, posttrain: str) -> dict[str, str]:
+    """A PATH whose nvidia-smi prints a GPU, and `python`/`posttrain` scripts with these bodies; the
+    environment for `_run` (each script may append to $CALLS, tmp_path/calls.txt)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _executable(bin_dir / "nvidia-smi", "echo 'NVIDIA FAKE-100 80GB'\n")
-    python = _executable(
-        bin_dir / "fakepython",
-        'echo "ran: $*" >> "$CALLS"\ncase "$*" in *tests/gpu*) echo "1 failed"; exit 1;; esac\necho "ok: $*"\n',
-    )
-    posttrain = _executable(
-        bin_dir / "fakeposttrain", 'echo "ran: posttrain $*" >> "$CALLS"\necho "step 3 done"\n'
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHON": str(_executable(bin_dir / "fakepython", python)),
+        "POSTTRAIN": str(_executable(bin_dir / "fakeposttrain", posttrain)),
+        "CALLS": str(tmp_path / "calls.txt"),
+    }
+
+
+def test_every_part_runs_and_is_reported_when_one_fails(tmp_path: Path) -> None:
+    """A fake CUDA machine: nvidia-smi prints a line, `python` passes the CUDA check and every command
+    except the GPU tests, which fail; `posttrain` passes. All eight parts run, in order."""
+    env = _fake_cuda_machine(
+        tmp_path,
+        python='echo "ran: $*" >> "$CALLS"\ncase "$*" in *tests/gpu*) echo "1 failed"; exit 1;; esac\necho "ok: $*"\n',
+        posttrain='echo "ran: posttrain $*" >> "$CALLS"\necho "step 3 done"\n',
     )
     calls = tmp_path / "calls.txt"
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(python), "POSTTRAIN": str(posttrain)}
-    proc = _run(tmp_path, {**env, "CALLS": str(calls), "STEPS": "2"})
+    proc = _run(tmp_path, {**env, "STEPS": "2"})
     assert proc.returncode == 1, proc.stderr
     report = (tmp_path / "out" / "report.md").read_text()
     assert "NVIDIA FAKE-100 80GB" in report
@@ -104,17 +112,13 @@ def test_every_part_runs_and_is_reported_when_one_fails(tmp_path: Path) -> None:
 
 def test_without_vllm_its_parts_are_reported_skipped(tmp_path: Path) -> None:
     """`import vllm` fails: the three vLLM parts are named in the report as skipped, the others run."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _executable(bin_dir / "nvidia-smi", "echo 'NVIDIA FAKE-100 80GB'\n")
-    python = _executable(
-        bin_dir / "fakepython",
-        'case "$*" in *"import vllm"*) exit 1;; esac\necho "ran: $*" >> "$CALLS"\necho "ok: $*"\n',
+    env = _fake_cuda_machine(
+        tmp_path,
+        python='case "$*" in *"import vllm"*) exit 1;; esac\necho "ran: $*" >> "$CALLS"\necho "ok: $*"\n',
+        posttrain='echo "ran: posttrain $*" >> "$CALLS"\n',
     )
-    posttrain = _executable(bin_dir / "fakeposttrain", 'echo "ran: posttrain $*" >> "$CALLS"\n')
     calls = tmp_path / "calls.txt"
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(python), "POSTTRAIN": str(posttrain)}
-    proc = _run(tmp_path, {**env, "CALLS": str(calls)})
+    proc = _run(tmp_path, env)
     assert proc.returncode == 0, proc.stderr
     report = (tmp_path / "out" / "report.md").read_text()
     assert re.findall(r"^## (\w+)$", report, flags=re.M) == PARTS
