@@ -14,6 +14,7 @@ from posttrain.environments.reasoning_gym_env import (
     direction_hint,
     extract_answer,
     question_split,
+    seeded_wrong_answer,
 )
 
 ONE_DIGIT = {
@@ -353,3 +354,63 @@ def test_registered_and_validated() -> None:
         ReasoningGymEnvironment(answer_format="xml")
     with pytest.raises(ValueError, match="max_tries"):
         ReasoningGymEnvironment(max_tries=0)
+
+
+def test_seeded_wrong_answer_is_off_by_one_to_three() -> None:
+    """The gold number moved by 1-3 either way, by the task's hash (the same task, the same answer);
+    no seeded answer for a gold that is not a number."""
+    offsets = set()
+    for index in range(40):
+        task = {"seed": 1, "size": 40, "index": index, "split": "train"}
+        wrong = seeded_wrong_answer("7", task)
+        assert wrong == seeded_wrong_answer("7", dict(task)) and wrong.lstrip("-").isdigit()
+        offsets.add(int(wrong) - 7)
+    assert offsets == {-3, -2, -1, 1, 2, 3}
+    assert seeded_wrong_answer("2.5", {"index": 0}) in {"-0.5", "0.5", "1.5", "3.5", "4.5", "5.5"}
+    assert seeded_wrong_answer("[1, 2]", {"index": 0}) is None and seeded_wrong_answer(None, {}) is None
+
+
+def test_seeded_retries_start_training_episodes_after_a_wrong_try() -> None:
+    """seeded_retries=1: every training-split task starts after the environment's wrong boxed answer
+    and its direction feedback; the policy's reply is the second try (reward discounted once, no
+    format reward), and the metrics keep seeded episodes out of first_try_accuracy. Held-out tasks and
+    tasks of no split start from the question."""
+    env = ReasoningGymEnvironment(
+        "basic_arithmetic", answer_format="boxed", max_tries=2, retry_discount=0.5, format_reward=0.1,
+        timeout_s=None, dataset_config=ONE_DIGIT, feedback="direction", feedback_format="named",
+        seeded_retries=1.0,
+    )  # fmt: skip
+    [task] = env.generate_tasks(1, seed=5, split="train")
+    gold = env.entry(task, 0)["answer"]
+    [start] = env.reset([task], [0])
+    wrong = seeded_wrong_answer(gold, task)
+    assert start.metadata["tries"] == 1 and start.metadata["seeded"] is True
+    assert start.messages[-2] == {"role": "assistant", "content": f"The answer is \\boxed{{{wrong}}}."}
+    hint = "It is too high." if int(wrong) > int(gold) else "It is too low."
+    assert start.messages[-1]["role"] == "user" and hint in start.messages[-1]["content"]
+    [right] = start_and_reply(env, task, f"\\boxed{{{gold}}}")
+    assert right.done == [True] and right.rewards == [0.5] and right.info[0]["tries"] == 2
+    [again] = start_and_reply(env, task, f"\\boxed{{{wrong}}}")
+    assert again.done == [True] and again.rewards == [0.0]  # wrong again: no format reward on a retry
+    metrics = env.batch_metrics(right)
+    assert metrics["env/seeded_share"] == 1.0 and metrics["env/seeded_accuracy"] == 1.0
+    assert "env/first_try_accuracy" not in metrics and metrics["env/accuracy"] == 1.0
+    for other in (env.generate_tasks(1, seed=5, split="heldout")[0], {"seed": 5, "size": 3, "index": 0}):
+        [plain] = env.reset([other], [0])
+        assert plain.metadata["tries"] == 0 and "seeded" not in plain.metadata
+        assert plain.messages[-1]["role"] == "user" and plain.messages[-1]["content"].startswith("Calculate")
+
+
+def test_seeded_retries_share_and_checks() -> None:
+    """The share of training tasks seeded follows seeded_retries (hash-chosen, stable); bad values fail."""
+    env = ReasoningGymEnvironment(
+        "basic_arithmetic", max_tries=2, timeout_s=None, dataset_config=ONE_DIGIT, seeded_retries=0.5
+    )
+    tasks = env.generate_tasks(200, seed=3, split="train")
+    seeded = [bool(s.metadata.get("seeded")) for s in env.reset(tasks, [0] * len(tasks))]
+    assert 0.38 < sum(seeded) / len(seeded) < 0.62
+    assert seeded == [bool(s.metadata.get("seeded")) for s in env.reset(tasks, [1] * len(tasks))]
+    with pytest.raises(ValueError, match="seeded_retries must be in"):
+        ReasoningGymEnvironment("basic_arithmetic", max_tries=2, timeout_s=None, seeded_retries=1.5)
+    with pytest.raises(ValueError, match="needs max_tries >= 2"):
+        ReasoningGymEnvironment("basic_arithmetic", timeout_s=None, seeded_retries=0.5)

@@ -27,6 +27,13 @@ when its answer is found but wrong (a shaping reward for the answer format; `cor
 answers only). The knobs are checked (`check_retry_rewards`) so that no episode pays more than
 answering right at once: with retries, format_reward <= success_threshold * (1 - retry_discount).
 
+`seeded_retries` (a share in [0, 1]) trains the retry on every episode that has one: that share of
+the training split's tasks (`split="train"`, chosen by a hash of the task) starts after a wrong first
+try the environment wrote (`seeded_wrong_answer`: the gold number off by 1 to 3, up or down) and its
+feedback, so the policy's first reply is already a second try that can read the feedback. A group
+shares its task, so GRPO compares second tries with each other. Held-out tasks and tasks of no split
+are never seeded: they measure the policy's own first and second tries.
+
 Some scorers run user text through sympy (countdown), which can hang on `9**9**9`: with
 `timeout_s` (the default) scoring runs in a persistent subprocess (`TimeoutPool`) and a sample
 past the limit scores 0 with `info["verifier_error"] = "timeout"`.
@@ -118,6 +125,24 @@ def direction_hint(answer: str, gold: Any) -> str | None:
     return "It is too high." if value > target else "It is too low."
 
 
+def _task_hash(task: dict[str, Any]) -> bytes:
+    """SHA-256 of a task's identity (its fields but the rebuilt entry), stable across processes."""
+    key = {k: v for k, v in task.items() if k != "entry"}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).digest()
+
+
+def seeded_wrong_answer(gold: Any, task: dict[str, Any]) -> str | None:
+    """A wrong answer for a seeded first try: the gold number moved up or down by 1, 2 or 3 (by the
+    task's hash), written as the gold is (an integer stays an integer); None when the gold is not a number."""
+    target = parse_number(str(gold)) if gold is not None else None
+    if target is None:
+        return None
+    digest = _task_hash(task)
+    offset = (1 + digest[1] % 3) * (1 if digest[2] % 2 else -1)
+    value = target + offset
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def check_retry_rewards(
     *, max_tries: int, success_threshold: float, retry_discount: float, format_reward: float
 ) -> None:
@@ -180,6 +205,8 @@ class ReasoningGymEnvironment(PooledEnvironment):
         feedback: "verdict" (the retry turn says the answer's score and that it is not correct) or
             "direction" (for a numeric task, also whether the answer is too high or too low: the
             second try has information the first did not; the verdict alone is its baseline).
+        seeded_retries: the share of training-split tasks whose episode starts after a wrong first
+            try the environment wrote, with its feedback (see the module docstring); needs max_tries >= 2.
         feedback_format: how the retry turn asks for the answer format: "placeholder" shows it filled
             with a placeholder ("give your final answer as \\boxed{your answer}"), "named" only names
             it ("give your final answer in \\boxed{}"), leaving nothing to copy: a small policy
@@ -211,6 +238,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
         feedback: Literal["verdict", "direction"] = "verdict",
         feedback_format: Literal["placeholder", "named"] = "placeholder",
         examples: list[Message] | None = None,
+        seeded_retries: float = 0.0,
     ) -> None:
         import reasoning_gym
 
@@ -220,6 +248,13 @@ class ReasoningGymEnvironment(PooledEnvironment):
         if feedback_format not in ("placeholder", "named"):
             raise ValueError(f"feedback_format must be 'placeholder' or 'named', got {feedback_format!r}")
         self.feedback_format = feedback_format
+        if not 0.0 <= seeded_retries <= 1.0:
+            raise ValueError(f"seeded_retries must be in [0, 1], got {seeded_retries}")
+        if seeded_retries > 0 and max_tries < 2:
+            raise ValueError(
+                f"seeded_retries={seeded_retries} needs max_tries >= 2 (a try left after the seeded one)"
+            )
+        self.seeded_retries = seeded_retries
 
         if dataset not in reasoning_gym.factory.DATASETS:
             raise ValueError(
@@ -304,8 +339,27 @@ class ReasoningGymEnvironment(PooledEnvironment):
             ]
             if self.system_prompt:
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
-            starts.append(EpisodeStart(messages, {**task, "entry": entry, "tries": 0}))
+            wrong = self._seeded_answer(task, entry)
+            if wrong is None:
+                starts.append(EpisodeStart(messages, {**task, "entry": entry, "tries": 0}))
+                continue
+            boxed = (
+                f"<answer>{wrong}</answer>" if self.answer_format == "answer_tag" else f"\\boxed{{{wrong}}}"
+            )
+            messages += [
+                {"role": "assistant", "content": f"The answer is {boxed}."},
+                {"role": "user", "content": self.feedback(wrong, 0.0, entry.get("answer"))},
+            ]
+            starts.append(EpisodeStart(messages, {**task, "entry": entry, "tries": 1, "seeded": True}))
         return starts
+
+    def _seeded_answer(self, task: dict[str, Any], entry: dict[str, Any]) -> str | None:
+        """The wrong first answer this task's episode starts from, or None (not seeded)."""
+        if self.seeded_retries <= 0 or task.get("split") != "train":
+            return None
+        if int.from_bytes(_task_hash(task)[:1]) >= round(256 * self.seeded_retries):
+            return None
+        return seeded_wrong_answer(entry.get("answer"), task)
 
     def _scores(
         self, answers: list[str | None], entries: list[dict[str, Any]]
@@ -381,13 +435,16 @@ class ReasoningGymEnvironment(PooledEnvironment):
                     "tries": tries,
                     "verifier_error": error,
                     "copied_prompt": copied,
+                    **({"seeded": True} if meta.get("seeded") else {}),
                 }
             )
         return EnvStepResult(rewards, observations, done, new_metadata, info)
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         """Per turn: `env/answer_rate`, `env/score_mean`, verifier errors; over the episodes that ended:
-        `env/accuracy` (correct at the end), `env/first_try_accuracy`, `env/tries_per_episode`."""
+        `env/accuracy` (correct at the end), `env/tries_per_episode`, and `env/first_try_accuracy`
+        over the episodes that were not seeded; with seeded episodes, `env/seeded_share` and
+        `env/seeded_accuracy` (right after the seeded wrong try)."""
         n = max(len(results), 1)
         metrics = {
             "env/answer_rate": sum(i.get("extracted_answer") is not None for i in results.info) / n,
@@ -395,10 +452,17 @@ class ReasoningGymEnvironment(PooledEnvironment):
             **verifier_error_metrics(results),
         }
         ended = [i for i, d in zip(results.info, results.done, strict=True) if d]
-        if ended:
-            metrics["env/accuracy"] = sum(bool(i.get("correct")) for i in ended) / len(ended)
+        if not ended:
+            return metrics
+        metrics["env/accuracy"] = sum(bool(i.get("correct")) for i in ended) / len(ended)
+        metrics["env/tries_per_episode"] = sum(i.get("tries", 1) for i in ended) / len(ended)
+        own = [i for i in ended if not i.get("seeded")]
+        seeded = [i for i in ended if i.get("seeded")]
+        if own:
             metrics["env/first_try_accuracy"] = sum(
-                bool(i.get("correct")) and i.get("tries") == 1 for i in ended
-            ) / len(ended)
-            metrics["env/tries_per_episode"] = sum(i.get("tries", 1) for i in ended) / len(ended)
+                bool(i.get("correct")) and i.get("tries") == 1 for i in own
+            ) / len(own)
+        if seeded:
+            metrics["env/seeded_share"] = len(seeded) / len(ended)
+            metrics["env/seeded_accuracy"] = sum(bool(i.get("correct")) for i in seeded) / len(seeded)
         return metrics
