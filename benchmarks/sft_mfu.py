@@ -11,7 +11,7 @@ On CUDA (--device cuda) every arm runs on the GPU, the peak is torch.mm in --dty
 
 What it measures, all in one process with torch's default thread count (unless --threads):
 
-1. Peak: fp32 `torch.mm` on square n x n matrices (n in --matmul-sizes), FLOPs = 2 n^3, the best
+1. Peak: `torch.mm` in --dtype (default fp32) on square n x n matrices (n in --matmul-sizes), FLOPs = 2 n^3, the best
    of several repeats over all sizes. It is measured before, between and after the training
    rounds and the best value is used, so the peak is not underestimated when other processes
    share the machine.
@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=3, help="Timed steps per arm per round.")
     p.add_argument("--rounds", type=int, default=3, help="Interleaved rounds over the arms.")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads; default: torch's.")
-    p.add_argument("--matmul-sizes", type=int, nargs="+", default=[1024, 1536, 2048])
+    p.add_argument(
+        "--matmul-sizes", type=int, nargs="+", default=None, help="default: 1024 1536 2048; on CUDA 4096 8192"
+    )
     p.add_argument("--matmul-repeats", type=int, default=10)
     p.add_argument("--lr", type=float, default=2e-5, help="HF loop lr (posttrain: its config).")
     p.add_argument("--no-hf", action="store_true", help="Skip the HF baseline.")
@@ -221,8 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    if args.device == "cuda" and args.matmul_sizes == [1024, 1536, 2048]:
-        args.matmul_sizes = [4096, 8192]
+    if args.matmul_sizes is None:
+        args.matmul_sizes = [4096, 8192] if args.device == "cuda" else [1024, 1536, 2048]
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -82,18 +82,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.path=value")
         value = yaml.safe_load(raw) if raw != "" else ""
+        *parents, leaf = key.split(".")
         node: dict = data
-        parts = tuple(key.split("."))
-        for depth, part in enumerate(parts):
-            if part in SOURCE_KEYS and (depth < len(parts) - 1 or value is not None):
-                _name_source(node, parts[:depth], part, named)
-            if depth == len(parts) - 1:
-                node[part] = value
-                break
+        for depth, part in enumerate(parents):
+            if part in SOURCE_KEYS:
+                _name_source(node, tuple(parents[:depth]), part, named)
             child = node.get(part)
             child = dict(child) if isinstance(child, dict) else {}
             node[part] = child
             node = child
+        if leaf in SOURCE_KEYS and value is not None:
+            _name_source(node, tuple(parents), leaf, named)
+        node[leaf] = value
     return data
 
 

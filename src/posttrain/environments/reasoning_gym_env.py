@@ -125,6 +125,15 @@ def direction_hint(answer: str, gold: Any) -> str | None:
     return "It is too high." if value > target else "It is too low."
 
 
+FORMAT_REQUESTS = {
+    ("placeholder", "answer_tag"): "as <answer>your answer</answer>",
+    ("placeholder", "boxed"): "as \\boxed{your answer}",
+    ("named", "answer_tag"): "in <answer></answer> tags",
+    ("named", "boxed"): "in \\boxed{}",
+}
+"""How the retry turn asks for the answer, by (feedback_format, answer_format)."""
+
+
 def _task_hash(task: dict[str, Any]) -> bytes:
     """SHA-256 of a task's identity (its fields but the rebuilt entry), stable across processes."""
     key = {k: v for k, v in task.items() if k != "entry"}
@@ -385,14 +394,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
     def feedback(self, answer: str | None, score: float, gold: Any = None) -> str:
         """The user turn after an answer that is not correct: the verdict, and with
         `feedback="direction"` whether a numeric answer is too high or too low (`direction_hint`)."""
-        if self.feedback_format == "named":
-            fmt = "in <answer></answer> tags" if self.answer_format == "answer_tag" else "in \\boxed{}"
-        else:
-            fmt = (
-                "as <answer>your answer</answer>"
-                if self.answer_format == "answer_tag"
-                else "as \\boxed{your answer}"
-            )
+        fmt = FORMAT_REQUESTS[self.feedback_format, self.answer_format]
         if answer is None:
             return f"I could not find your final answer. Try again, and give it {fmt}."
         verdict = f"Your answer {answer!r} scored {score:g} out of 1, which is not correct."
