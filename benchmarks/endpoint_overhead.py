@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="G")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--batch-wait-s", type=float, default=None, help="environment.agent.batch_wait_s")
+    parser.add_argument("--batch-max-wait-s", type=float, default=None, help="...agent.batch_max_wait_s")
     args = parser.parse_args()
 
     path = resolve_model(args.model)
@@ -65,7 +67,11 @@ def main() -> None:
     generator = LocalGenerator(path, tokenizer, backend=args.backend, device="cpu", max_model_len=2048)
     env = CalculatorEnvironment(**CALCULATOR_KWARGS)
     tasks = env.generate_tasks(args.tasks, seed=0)
-    agent = AgentConfig(function="posttrain.rollout.calculator_replay:replay_calculator_agent")
+    waits = {"batch_wait_s": args.batch_wait_s, "batch_max_wait_s": args.batch_max_wait_s}
+    agent = AgentConfig(
+        function="posttrain.rollout.calculator_replay:replay_calculator_agent",
+        **{k: v for k, v in waits.items() if v is not None},
+    )
     common = dict(
         generations_per_prompt=args.group,
         generator=generator,
@@ -77,6 +83,7 @@ def main() -> None:
     )
     print(
         f"{args.backend}; torch threads {torch.get_num_threads()}; {args.tasks} tasks x {args.group}; "
+        f"endpoint batch wait {agent.batch_wait_s} s quiet, {agent.batch_max_wait_s} s at most; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     rates: dict[str, list[tuple[float, float]]] = {"in_process": [], "endpoint": []}

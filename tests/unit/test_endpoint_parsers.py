@@ -174,3 +174,37 @@ def test_queue_batches_the_requests_of_every_running_session():
     queue.close()
     assert generator.calls == [(4, 7)]  # turn_seed(7, 0) == 7: the first batch keeps the run's seed
     assert results == {i: ([10 * i + 1], [-1.0], False) for i in range(4)}
+
+
+def _staggered_requests(queue: GenerationQueue, count: int, gap_s: float) -> None:
+    """`count` requests from as many threads, started `gap_s` apart; waits for every answer."""
+    threads = [
+        threading.Thread(target=queue.generate, args=([10 * i], SamplingParams(seed=7))) for i in range(count)
+    ]
+    for t in threads:
+        t.start()
+        threading.Event().wait(gap_s)
+    for t in threads:
+        t.join(timeout=30)
+    queue.close()
+
+
+def test_queue_waits_while_requests_keep_arriving():
+    """Five sessions running, four requests arriving 0.3 s apart (over 0.9 s, longer than the 0.6 s quiet
+    gap, each gap shorter): one batch of four, after the last arrival stayed alone for 0.6 s. A wait
+    counted from the first arrival would have gone at 0.6 s with two or three."""
+    generator = _CountingGenerator()
+    queue = GenerationQueue(generator, batch_size=8, wait_s=0.6, max_wait_s=30.0, expected=lambda: 5)
+    _staggered_requests(queue, 4, gap_s=0.3)
+    assert generator.calls == [(4, 7)]
+
+
+def test_queue_goes_at_max_wait_although_requests_keep_arriving():
+    """Requests 1 s apart never leave a 5 s quiet gap, so the cap decides: the first batch goes 0.3 s
+    after the first request, alone (the second one's 0.7 s later is slack for a loaded machine); the
+    others follow in later batches."""
+    generator = _CountingGenerator()
+    queue = GenerationQueue(generator, batch_size=8, wait_s=5.0, max_wait_s=0.3, expected=lambda: 9)
+    _staggered_requests(queue, 3, gap_s=1.0)
+    assert generator.calls[0][0] == 1
+    assert sum(rows for rows, _ in generator.calls) == 3

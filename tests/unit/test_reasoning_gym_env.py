@@ -13,9 +13,9 @@ from posttrain.environments.reasoning_gym_env import (
     ReasoningGymEnvironment,
     direction_hint,
     extract_answer,
-    question_split,
     seeded_wrong_answer,
 )
+from posttrain.environments.splits import question_split
 
 ONE_DIGIT = {
     "min_terms": 2,

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import hashlib
+import random
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from posttrain.environments.text2sql import Text2SQLEnvironment, same_result
+from posttrain.config import load_config
+from posttrain.config.rl import GRPOConfig
+from posttrain.data.tasks import build_tasks
+from posttrain.environments.splits import question_split
+from posttrain.environments.text2sql import (
+    Text2SQLEnvironment,
+    baselines,
+    draw_question,
+    has_answer,
+    nearest_training_task,
+    same_result,
+    worked_example_turns,
+)
 
 
 @pytest.fixture
@@ -50,6 +64,65 @@ def test_every_generated_gold_query_scores_one(env: Text2SQLEnvironment) -> None
     ]
     result = env.step(logs, [s.metadata for s in starts])
     assert result.rewards == [1.0] * len(tasks)
+
+
+def test_split_tasks_never_share_a_question(env: Text2SQLEnvironment) -> None:
+    """Training and held-out tasks come from disjoint sets of question texts (each question's split is the
+    hash of its text, whatever the seed); both splits cover several kinds of question."""
+    train = env.generate_tasks(200, seed=1, split="train")
+    heldout = env.generate_tasks(64, seed=2, split="heldout")
+    assert {question_split(t["question"]) for t in train} == {"train"}
+    assert {question_split(t["question"]) for t in heldout} == {"heldout"}
+    assert not {t["question"] for t in train} & {t["question"] for t in heldout}
+    assert len({t["gold"].split(" FROM ")[0] for t in heldout}) >= 4
+    with pytest.raises(ValueError, match="split must be one of"):
+        env.generate_tasks(1, seed=0, split="test")
+
+
+def test_every_kind_of_question_is_drawn_and_none_is_unanswerable(env: Text2SQLEnvironment) -> None:
+    """All 12 kinds of question come up (gold queries with their constants blanked); a gold result with
+    no row or only NULLs (an average over no rows) is never a task."""
+    rng = random.Random(0)
+    shapes = {re.sub(r"'[^']*'|\d+", "?", draw_question(rng)[1]) for _ in range(500)}
+    assert len(shapes) == 12
+    assert not has_answer([]) and not has_answer([(None,)])
+    assert has_answer([(0,)]) and has_answer([(None, 1)])
+    assert all(has_answer(env._gold_rows(task)) for task in env.generate_tasks(100, seed=5))
+
+
+def test_examples_come_before_the_question(env: Text2SQLEnvironment) -> None:
+    """Given examples, then the worked one, then the question. The worked question is a kind the
+    generator never asks (so it never gives a task's answer away), and its query is right."""
+    example = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": reply("SELECT 1")}]
+    shown = Text2SQLEnvironment(examples=example, worked_example=True)
+    task = env.generate_tasks(1, seed=0)[0]
+    messages = shown.reset([task], [0])[0].messages
+    assert messages[:2] == example and messages[2:4] == worked_example_turns()
+    assert task["question"] in messages[4]["content"] and len(messages) == 5
+    rng = random.Random(1)
+    assert not any("MIN(" in draw_question(rng)[1] for _ in range(500))
+    db = sqlite3.connect(env.database(task["db_seed"]))
+    [(lowest,)] = db.execute("SELECT price FROM products WHERE category = 'toys' ORDER BY price LIMIT 1")
+    db.close()
+    worked = task_of(env, f"SELECT {lowest}", ordered=False, db_seed=task["db_seed"])
+    assert score(env, worked, messages[3]["content"])[0] == 1.0
+    shown.close()
+
+
+def test_baselines_on_the_recipes_heldout_set(env: Text2SQLEnvironment) -> None:
+    """The blind and lookup baselines the docs quote for grpo_text2sql.yaml's 64 held-out tasks, from
+    the recipe's own config (1,000 training tasks): a policy that ignores the question, or copies the
+    query of the most similar training question, answers few held-out tasks."""
+    cfg = load_config(GRPOConfig, "examples/configs/grpo_text2sql.yaml", [])
+    train = build_tasks(cfg.data.train, environment=env)
+    heldout = build_tasks(cfg.data.validation, environment=env)
+    assert len(train) == 1000 and len(heldout) == 64
+    assert not {t["question"] for t in train} & {t["question"] for t in heldout}
+    found = baselines(env, train, heldout)
+    assert found["best_fixed_query"] == 4 / 64
+    assert found["nearest_training_query"] == 5 / 64
+    # each baseline is what its policy scores, task by task
+    assert nearest_training_task(heldout[0]["question"], train)["question"] != heldout[0]["question"]
 
 
 def test_equivalent_queries_match_and_order_counts_only_when_asked(env: Text2SQLEnvironment) -> None:

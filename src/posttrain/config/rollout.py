@@ -247,10 +247,15 @@ class AgentConfig(Strict):
         "generation settings, the distribution the policy loss assumes.",
     )
     batch_wait_s: float = Field(
-        0.02,
+        0.1,
         ge=0,
-        description="How long the endpoint waits for more requests before generating a batch (it goes at once "
-        "when every running agent has a request pending).",
+        description="The endpoint generates the pending requests as a batch once no new one has arrived for this "
+        "long (it goes at once when every running agent has a request pending).",
+    )
+    batch_max_wait_s: float = Field(
+        1.0,
+        ge=0,
+        description="The longest the first pending request waits for others to join its batch.",
     )
     host: str = Field("127.0.0.1", description="Where the endpoint listens.")
     port: int = Field(0, ge=0, description="Its port; 0: a free one per rollout.")

@@ -93,14 +93,22 @@ def _handler(app: AgentEndpoint) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _ThreadingServer(ThreadingHTTPServer):
+    """A thread per request, and a listen backlog for every agent of a rollout connecting at once:
+    socketserver's default of 5 drops the other connects' SYNs, which the client retries only after
+    TCP's 1 s timeout, so those agents' first requests missed the rollout's first batch."""
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+
 class EndpointServer:
     """`app` served over HTTP on (host, port) (port 0: a free one) in a background thread; `url` is
     `http://host:port`. Use as a context manager, or `start()` / `close()`."""
 
     def __init__(self, app: AgentEndpoint, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app = app
-        self.httpd = ThreadingHTTPServer((host, port), _handler(app))
-        self.httpd.daemon_threads = True
+        self.httpd = _ThreadingServer((host, port), _handler(app))
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="endpoint-http", daemon=True)
 
     @property

@@ -58,6 +58,7 @@ from posttrain.environments.interface import (
     verifier_error_metrics,
 )
 from posttrain.environments.math import copied_from_prompt, final_boxed_answer, prompt_text, strip_think
+from posttrain.environments.splits import HELDOUT_EVERY, check_split, question_split
 from posttrain.environments.timeout_pool import TimeoutPool
 
 BOXED_SYSTEM_PROMPT = (
@@ -81,18 +82,6 @@ def load_dataset(name: str, config: dict[str, Any]) -> Any:
             _DATASETS.popitem(last=False)
     _DATASETS.move_to_end(key)
     return _DATASETS[key]
-
-
-SPLITS = ("train", "heldout")
-HELDOUT_EVERY = 5
-"""One question in HELDOUT_EVERY is held out: the first byte of its SHA-256 is 0 mod HELDOUT_EVERY."""
-
-
-def question_split(question: str) -> str:
-    """ "heldout" or "train": the split a question belongs to, by the SHA-256 of its text (whitespace
-    collapsed, case ignored), so the same question is in the same split whatever the seed."""
-    key = " ".join(question.split()).lower().encode()
-    return "heldout" if hashlib.sha256(key).digest()[0] % HELDOUT_EVERY == 0 else "train"
 
 
 def score_with_dataset(name: str, config: dict[str, Any], answer: str | None, entry: dict[str, Any]) -> float:
@@ -304,8 +293,7 @@ class ReasoningGymEnvironment(PooledEnvironment):
         (`question_split`), read from a dataset as large as it takes."""
         if split is None:
             return [{"seed": seed, "size": count, "index": i} for i in range(count)]
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS} or null, got {split!r}")
+        check_split(split)
         size = 2 * HELDOUT_EVERY * count
         while True:
             config = {**self.dataset_config, "seed": seed, "size": size}

@@ -1,7 +1,9 @@
 """Text-to-SQL on SQLite (Python's own `sqlite3`): a generated database, a question, a gold query.
 
 A task is `{"db_seed": int, "question": str, "gold": str, "ordered": bool}` (`generate_tasks`, which keeps only
-questions whose gold result is not empty: an empty answer would pay any query that returns nothing). The
+questions whose gold result has a value that is not NULL: an empty answer would pay any query that returns
+nothing; with `split`, only training or only held-out questions, one question in five held out by the
+hash of its text). The
 database of a `db_seed` is built deterministically (a `staff` and a `products` table with rows drawn
 from the seed) into a file of the environment's own temporary folder. The model answers with one
 SELECT in a ```sql fenced block (the last block outside `<think>`). Reward 1 when the reply's result
@@ -39,6 +41,7 @@ from posttrain.environments.interface import (
     register_environment,
 )
 from posttrain.environments.math import strip_think
+from posttrain.environments.splits import check_split, question_split
 
 SCHEMA = (
     "CREATE TABLE staff (id INTEGER PRIMARY KEY, name TEXT NOT NULL, dept TEXT NOT NULL, "
@@ -81,9 +84,11 @@ def build_database(path: Path, db_seed: int) -> None:
 
 
 def draw_question(rng: random.Random) -> tuple[str, str, bool]:
-    """(question, gold query, ordered) from a handful of templates."""
+    """(question, gold query, ordered) from TEMPLATES' kinds of question (counts, filters, orders,
+    aggregates, groups), their constants drawn."""
     dept, category = rng.choice(DEPTS), rng.choice(CATEGORIES)
     k, salary, stock = rng.randint(2, 4), rng.randint(4, 10) * 10_000, rng.randint(5, 40)
+    year, price = rng.randint(2012, 2022), rng.randint(10, 45)
     templates = [
         (f"How many staff work in {dept}?", f"SELECT COUNT(*) FROM staff WHERE dept = '{dept}'", False),
         (
@@ -109,6 +114,36 @@ def draw_question(rng: random.Random) -> tuple[str, str, bool]:
         (
             "For each department, how many staff does it have? Give department and count.",
             "SELECT dept, COUNT(*) FROM staff GROUP BY dept",
+            False,
+        ),
+        (
+            f"What is the highest salary in {dept}?",
+            f"SELECT MAX(salary) FROM staff WHERE dept = '{dept}'",
+            False,
+        ),
+        (
+            f"What is the total stock of products in the {category} category?",
+            f"SELECT SUM(stock) FROM products WHERE category = '{category}'",
+            False,
+        ),
+        (
+            "What is the name of the most expensive product?",
+            "SELECT name FROM products ORDER BY price DESC LIMIT 1",
+            False,
+        ),
+        (
+            f"List the names of staff hired after {year}.",
+            f"SELECT name FROM staff WHERE hired > {year}",
+            False,
+        ),
+        (
+            f"How many products cost less than {price} dollars?",
+            f"SELECT COUNT(*) FROM products WHERE price < {price}",
+            False,
+        ),
+        (
+            "For each category, what is the average price? Give category and average price.",
+            "SELECT category, AVG(price) FROM products GROUP BY category",
             False,
         ),
     ]
@@ -157,6 +192,12 @@ def same_result(got: list[tuple], gold: list[tuple], ordered: bool) -> bool:
     return got_n == gold_n if ordered else Counter(got_n) == Counter(gold_n)
 
 
+def has_answer(rows: list[tuple]) -> bool:
+    """Whether a result answers anything: a row with a value that is not NULL (no rows, or an average
+    over no rows, would pay any query that returns the same nothing)."""
+    return any(v is not None for row in rows for v in row)
+
+
 def question_prompt(question: str) -> str:
     """The user message: the schema, the question and the answer format."""
     schema = ";\n".join(SCHEMA)
@@ -166,6 +207,18 @@ def question_prompt(question: str) -> str:
     )
 
 
+WORKED_QUESTION = "What is the lowest price of a product in the toys category?"
+WORKED_QUERY = "SELECT MIN(price) FROM products WHERE category = 'toys'"
+
+
+def worked_example_turns() -> list[Message]:
+    """One solved question as chat turns, in the task's own format."""
+    return [
+        {"role": "user", "content": question_prompt(WORKED_QUESTION)},
+        {"role": "assistant", "content": f"```sql\n{WORKED_QUERY}\n```"},
+    ]
+
+
 @register_environment("text2sql")
 class Text2SQLEnvironment:
     """Text-to-SQL with execution match (see the module docstring).
@@ -173,21 +226,35 @@ class Text2SQLEnvironment:
     Args:
         timeout_s: time limit of one query (the reply's and the gold one's).
         max_rows: most rows a query may return.
+        examples: messages placed before the question (a worked example: a user turn made with
+            `question_prompt` and the assistant's ```sql reply).
+        worked_example: add `worked_example_turns()` to them: a MIN query, a kind of question
+            `draw_question` never asks.
     Info: "sql" (extracted or None), "error" (why the reply's query did not run, or None), "match".
     """
 
-    def __init__(self, timeout_s: float = 2.0, max_rows: int = 1000) -> None:
+    def __init__(
+        self,
+        timeout_s: float = 2.0,
+        max_rows: int = 1000,
+        examples: list[Message] | None = None,
+        worked_example: bool = False,
+    ) -> None:
         self.timeout_s, self.max_rows = timeout_s, max_rows
+        self.examples = [dict(m) for m in examples or ()] + (worked_example_turns() if worked_example else [])
         self._folder: Path | None = None
 
-    def generate_tasks(self, count: int, seed: int) -> list[dict[str, Any]]:
-        """`count` tasks drawn from `seed`: a database seed and a question with its gold query."""
+    def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
+        """`count` tasks drawn from `seed`: a database seed and a question with its gold query; with
+        `split` ("train" or "heldout"), only questions of that split (`question_split`), so the two
+        never share a question."""
+        check_split(split)
         rng = random.Random(seed)
         tasks: list[dict[str, Any]] = []
         while len(tasks) < count:
             question, gold, ordered = draw_question(rng)
             task = {"db_seed": rng.randrange(2**31), "question": question, "gold": gold, "ordered": ordered}
-            if self._gold_rows(task):  # an empty answer would pay any query that returns nothing
+            if (split is None or question_split(question) == split) and has_answer(self._gold_rows(task)):
                 tasks.append(task)
         return tasks
 
@@ -208,10 +275,14 @@ class Text2SQLEnvironment:
         return path
 
     def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
-        """One single-turn episode per task; the seeds are not needed."""
+        """One single-turn episode per task (after the `examples` turns); the seeds are not needed."""
         return [
             EpisodeStart(
-                messages=[{"role": "user", "content": question_prompt(t["question"])}], metadata=dict(t)
+                messages=[
+                    *(dict(m) for m in self.examples),
+                    {"role": "user", "content": question_prompt(t["question"])},
+                ],
+                metadata=dict(t),
             )
             for t in tasks
         ]
@@ -259,3 +330,39 @@ class Text2SQLEnvironment:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_folder": None}
+
+
+def _words(question: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9-]+", question.lower()))
+
+
+def nearest_training_task(question: str, train: list[dict[str, Any]]) -> dict[str, Any]:
+    """The training task whose question shares the most words with `question` (Jaccard; ties to the first)."""
+    words = _words(question)
+    return max(train, key=lambda t: len(words & _words(t["question"])) / len(words | _words(t["question"])))
+
+
+def baselines(
+    env: Text2SQLEnvironment, train: list[dict[str, Any]], heldout: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What a policy that does not read the question, or only looks it up in training, scores on
+    `heldout` (execution match, as the reward):
+
+    - best_fixed_query: the one query, among the training set's gold queries, that answers most held-out
+      tasks when written for every task (a blind policy; its accuracy and the query);
+    - nearest_training_query: for each held-out task the gold query of the training question sharing
+      the most words with it (a lookup of the training set; right when the two questions differ only
+      in a constant whose answer happens to coincide on the task's database)."""
+
+    def accuracy(queries: list[str]) -> float:
+        logs = [[{"role": "assistant", "content": f"```sql\n{q}\n```"}] for q in queries]
+        return sum(env.step(logs, heldout).rewards) / len(heldout)
+
+    fixed = {q: accuracy([q] * len(heldout)) for q in dict.fromkeys(t["gold"] for t in train)}
+    best = max(fixed, key=lambda q: fixed[q])
+    nearest = [nearest_training_task(t["question"], train)["gold"] for t in heldout]
+    return {
+        "best_fixed_query": fixed[best],
+        "best_fixed_query_sql": best,
+        "nearest_training_query": accuracy(nearest),
+    }

@@ -141,6 +141,7 @@ class AgentRun:
             generator,
             batch_size=batch_size,
             wait_s=agent.batch_wait_s,
+            max_wait_s=agent.batch_max_wait_s,
             expected=lambda: min(self.remaining, self.workers),
         )
         self.endpoint = AgentEndpoint(
