@@ -12,6 +12,10 @@ example, temperature 1, up to 3 turns of 48 new tokens). Arms, alternated round 
   the calls, the environment's verdict on the final transcript); the endpoint batches the running
   agents' requests into one generator call (`GenerationQueue`).
 
+`--temperature 0` makes both arms play the same greedy episodes (the endpoint's are token for token
+the in-process ones), so their ratio is the endpoint's overhead alone; sampled, the arms' episodes
+differ in length and number of turns from round to round, and the ratio carries that noise.
+
 Per round and arm: the generator calls and rows per call (the endpoint batches whatever requests are
 pending; the turn barrier generates every live episode of a turn in one call). Printed per arm: the median over rounds of episodes/s and generated tokens/s (sampled episodes differ
 in length from arm to arm, so tokens/s is the fairer rate), and endpoint / in_process for both; the
@@ -58,6 +62,12 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="G")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="0: greedy, so both arms play the same episodes and the ratio is the endpoint's overhead alone",
+    )
     parser.add_argument("--batch-wait-s", type=float, default=None, help="environment.agent.batch_wait_s")
     parser.add_argument("--batch-max-wait-s", type=float, default=None, help="...agent.batch_max_wait_s")
     args = parser.parse_args()
@@ -83,12 +93,13 @@ def main() -> None:
     )
     print(
         f"{args.backend}; torch threads {torch.get_num_threads()}; {args.tasks} tasks x {args.group}; "
+        f"temperature {args.temperature}; "
         f"endpoint batch wait {agent.batch_wait_s} s quiet, {agent.batch_max_wait_s} s at most; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     rates: dict[str, list[tuple[float, float]]] = {"in_process": [], "endpoint": []}
     for r in range(args.rounds):
-        params = SamplingParams(temperature=1.0, max_new_tokens=MAX_TOKENS, seed=r)
+        params = SamplingParams(temperature=args.temperature, max_new_tokens=MAX_TOKENS, seed=r)
         for arm in rates:
             start = time.perf_counter()
             if arm == "in_process":

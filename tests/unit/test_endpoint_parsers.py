@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -208,3 +209,41 @@ def test_queue_goes_at_max_wait_although_requests_keep_arriving():
     _staggered_requests(queue, 3, gap_s=1.0)
     assert generator.calls[0][0] == 1
     assert sum(rows for rows, _ in generator.calls) == 3
+
+
+class _ThreadRecordingGenerator(_CountingGenerator):
+    def generate(self, prompt_ids, params, batch_size):
+        self.threads = [*getattr(self, "threads", []), threading.current_thread()]
+        return super().generate(prompt_ids, params, batch_size)
+
+
+def test_serve_generates_in_the_calling_thread_until_closed():
+    """A queue made with thread=False is served by its caller: the generator runs in the caller's
+    thread (agent rollouts serve from the rollout's thread, where torch's intra-op threads are
+    effective), and `serve` returns when the last session closes the queue."""
+    generator = _ThreadRecordingGenerator()
+    queue = GenerationQueue(generator, batch_size=8, wait_s=5.0, expected=lambda: 3, thread=False)
+    results = {}
+
+    def ask(i):
+        results[i] = queue.generate([10 * i], SamplingParams(seed=7))
+        if len(results) == 3:
+            queue.close()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    queue.serve(deadline=time.monotonic() + 30)
+    for t in threads:
+        t.join(timeout=10)
+    assert generator.calls == [(3, 7)] and generator.threads == [threading.current_thread()]
+    assert results == {i: ([10 * i + 1], [-1.0], False) for i in range(3)}
+
+
+def test_serve_stops_at_its_deadline_and_fails_what_is_pending():
+    generator = _CountingGenerator()
+    queue = GenerationQueue(generator, batch_size=8, thread=False)
+    queue.serve(deadline=time.monotonic() + 0.2)  # nobody asked: returns at the deadline
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.generate([1], SamplingParams())
+    assert generator.calls == []

@@ -200,3 +200,18 @@ def test_answers_outside_a_sql_block_or_inside_think_score_zero(env: Text2SQLEnv
     ]:
         assert score(env, task, text)[0] == 0.0, text
     assert score(env, task, f"<think>hmm</think>\n```SQL\n{gold}\n```")[0] == 1.0
+
+
+def test_sql_prefix_opens_the_block_and_the_fence_stops_the_reply(env: Text2SQLEnvironment) -> None:
+    """With sql_prefix the episode's reply begins with the environment's "```sql" line (not generated)
+    and generation stops at the closing fence; the assistant message (prefix + reply) is scored as any
+    other. Without it, nothing is added."""
+    prefixed = Text2SQLEnvironment(sql_prefix=True)
+    task = env.generate_tasks(1, seed=0)[0]
+    start = prefixed.reset([task], [0])[0]
+    assert start.response_prefix == "```sql\n" and start.stop_strings == ("```",)
+    assert score(prefixed, task, start.response_prefix + task["gold"] + "\n```")[0] == 1.0
+    assert score(prefixed, task, start.response_prefix + "SELECT 1\n```")[0] == 0.0
+    plain = env.reset([task], [0])[0]
+    assert plain.response_prefix == "" and plain.stop_strings == ()
+    prefixed.close()

@@ -207,6 +207,8 @@ def question_prompt(question: str) -> str:
     )
 
 
+SQL_PREFIX = "```sql\n"
+SQL_STOP = ("```",)
 WORKED_QUESTION = "What is the lowest price of a product in the toys category?"
 WORKED_QUERY = "SELECT MIN(price) FROM products WHERE category = 'toys'"
 
@@ -230,6 +232,9 @@ class Text2SQLEnvironment:
             `question_prompt` and the assistant's ```sql reply).
         worked_example: add `worked_example_turns()` to them: a MIN query, a kind of question
             `draw_question` never asks.
+        sql_prefix: the reply begins with "```sql" and a newline, written by the environment (the
+            episode's response prefix, not trained on), and generation stops at the closing fence: the
+            model writes only the query (no prose after it, fewer tokens a reply).
     Info: "sql" (extracted or None), "error" (why the reply's query did not run, or None), "match".
     """
 
@@ -239,8 +244,9 @@ class Text2SQLEnvironment:
         max_rows: int = 1000,
         examples: list[Message] | None = None,
         worked_example: bool = False,
+        sql_prefix: bool = False,
     ) -> None:
-        self.timeout_s, self.max_rows = timeout_s, max_rows
+        self.timeout_s, self.max_rows, self.sql_prefix = timeout_s, max_rows, sql_prefix
         self.examples = [dict(m) for m in examples or ()] + (worked_example_turns() if worked_example else [])
         self._folder: Path | None = None
 
@@ -283,6 +289,8 @@ class Text2SQLEnvironment:
                     {"role": "user", "content": question_prompt(t["question"])},
                 ],
                 metadata=dict(t),
+                stop_strings=SQL_STOP if self.sql_prefix else (),
+                response_prefix=SQL_PREFIX if self.sql_prefix else "",
             )
             for t in tasks
         ]

@@ -25,6 +25,7 @@ import math
 import os
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -143,6 +144,7 @@ class AgentRun:
             wait_s=agent.batch_wait_s,
             max_wait_s=agent.batch_max_wait_s,
             expected=lambda: min(self.remaining, self.workers),
+            thread=False,  # play_all serves it from the rollout's own thread
         )
         self.endpoint = AgentEndpoint(
             tokenizer,
@@ -169,17 +171,25 @@ class AgentRun:
         finally:
             with self._lock:
                 self.remaining -= 1
-            self.queue.wake()
+                last = self.remaining == 0
+            if last:
+                self.queue.close()  # play_all's `serve` returns
+            else:
+                self.queue.wake()
 
     def play_all(self, server: EndpointServer, jobs: list[tuple[str, dict[str, Any]]]) -> list[AgentOutcome]:
         """Every (session id, task) played, up to `concurrency` at once. An agent still running when the
         rollout's time is up (`timeout_s` per round of `concurrency` agents) is an error; its thread is
         left behind and its session's requests fail from then on (404)."""
+        if not jobs:
+            return []
         workers = max(min(len(jobs), self.agent.concurrency or len(jobs)), 1)
         self.remaining, self.workers = len(jobs), workers
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agent")
         futures = [pool.submit(self.play, server.base_url(sid), sid, task) for sid, task in jobs]
-        wait(futures, timeout=self.agent.timeout_s * math.ceil(len(jobs) / workers))
+        deadline = time.monotonic() + self.agent.timeout_s * math.ceil(len(jobs) / workers)
+        self.queue.serve(deadline)  # the agents' requests, generated in this thread until the last agent ends
+        wait(futures, timeout=max(deadline - time.monotonic(), 0.0))
         pool.shutdown(wait=False, cancel_futures=True)
         late = AgentOutcome(
             error=f"the agent ran past environment.agent.timeout_s ({self.agent.timeout_s} s)"
