@@ -23,6 +23,7 @@ RECIPES = {
     "grpo_reasoning_gym.yaml": "env/tries_per_episode",
     "grpo_reasoning_gym_direction.yaml": "env/first_try_accuracy",
     "grpo_wordle.yaml": "env/solved_rate",
+    "grpo_text2sql.yaml": "env/sql_rate",
 }
 
 

@@ -192,6 +192,30 @@ def test_metrics_over_ended_episodes() -> None:
     }
 
 
+def test_a_finished_transcript_s_calls_count_as_tool_use() -> None:
+    """A verdict on a whole transcript (an agent's episode: the agent ran the calls, the environment
+    never stepped them, so its metadata counts none) sees the calls after the question; a call in a
+    worked example before the question does not count."""
+    example = [
+        {"role": "user", "content": "What is 12 * 34?"},
+        {"role": "assistant", "content": tool_call("12 * 34")},
+        {"role": "tool", "content": "408"},
+        {"role": "assistant", "content": "\\boxed{408}"},
+    ]
+    env = CalculatorEnvironment(examples=example)
+    [start] = env.reset([{"a": 100, "b": 10}], [0])
+    called = [
+        *start.messages,
+        {"role": "assistant", "content": tool_call("100 * 10")},
+        {"role": "tool", "content": "1000"},
+        {"role": "assistant", "content": "\\boxed{1000}"},
+    ]
+    guessed = [*start.messages, {"role": "assistant", "content": "\\boxed{1000}"}]
+    result = env.step([called, guessed], [start.metadata, start.metadata])
+    assert [i["called_tool"] for i in result.info] == [True, False] and result.rewards == [1.0, 1.0]
+    assert env.batch_metrics(result)["env/tool_call_rate"] == 0.5
+
+
 def test_tools_in_system_prompt_for_smollm2() -> None:
     from transformers import AutoTokenizer
 

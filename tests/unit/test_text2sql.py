@@ -215,3 +215,25 @@ def test_sql_prefix_opens_the_block_and_the_fence_stops_the_reply(env: Text2SQLE
     plain = env.reset([task], [0])[0]
     assert plain.response_prefix == "" and plain.stop_strings == ()
     prefixed.close()
+
+
+def test_gold_transcripts_are_the_episodes_and_pay_one(env: Text2SQLEnvironment, tmp_path: Path) -> None:
+    """examples/text2sql_transcripts.py writes, per task, the episode's own first messages and the gold
+    query's reply: the environment pays it 1, and a training file shows no held-out question."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("t2s_transcripts", "examples/text2sql_transcripts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "sft.jsonl"
+    module.main([str(out), "--count", "20", "--seed", "3", "--env", '{"sql_prefix": true}'])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    prefixed = Text2SQLEnvironment(sql_prefix=True)
+    for row in rows:
+        start = prefixed.reset([row["task"]], [0])[0]
+        assert row["messages"][:-1] == start.messages
+        assert row["messages"][-1]["content"].startswith(start.response_prefix)
+        assert score(prefixed, row["task"], row["messages"][-1]["content"])[0] == 1.0
+        assert question_split(row["task"]["question"]) == "train"
+    prefixed.close()

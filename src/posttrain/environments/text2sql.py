@@ -340,6 +340,13 @@ class Text2SQLEnvironment:
         return {**self.__dict__, "_folder": None}
 
 
+def gold_transcript(env: Text2SQLEnvironment, task: dict[str, Any]) -> list[Message]:
+    """The episode's first messages (`env.reset`) and the assistant turn answering with the gold query
+    in a ```sql block: an SFT transcript whose reply the environment pays 1."""
+    start = env.reset([task], [0])[0]
+    return [*start.messages, {"role": "assistant", "content": f"```sql\n{task['gold']}\n```"}]
+
+
 def _words(question: str) -> set[str]:
     return set(re.findall(r"[a-z0-9-]+", question.lower()))
 

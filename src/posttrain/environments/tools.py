@@ -120,6 +120,14 @@ def parse_tool_calls(message: Message) -> list[ToolCall]:
     return calls
 
 
+def called_a_tool(log: list[Message]) -> bool:
+    """Whether an assistant turn after the task's question (the last user message) called a tool: how a
+    verdict on a finished transcript (an agent's episode, whose calls the agent ran) knows the episode
+    used the tool. Calls in worked examples before the question do not count."""
+    start = max((i for i, m in enumerate(log) if m.get("role") == "user"), default=-1)
+    return any(m.get("role") == "assistant" and parse_tool_calls(m) for m in log[start + 1 :])
+
+
 def _type_error(value: Any, schema: dict[str, Any]) -> str | None:
     """Why `value` does not fit a parameter's JSON schema type (None when it does, or no type is given)."""
     types = schema.get("type")
@@ -422,7 +430,11 @@ class ToolEnvironment:
             messages = [r.message() for r in results]
             invalid = any(r.invalid for r in results)
             return 0.0, messages[0] if len(messages) == 1 else messages, False, new_meta, info, invalid
-        info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "called_tool": used > 0}
+        info: dict[str, Any] = {
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "called_tool": used > 0 or called_a_tool(log),
+        }
         info["tool_budget_exhausted"] = bool(calls)
         try:
             reward, score_info = self.score(message.get("content") or "", meta)
