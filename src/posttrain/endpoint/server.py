@@ -109,7 +109,10 @@ class EndpointServer:
     def __init__(self, app: AgentEndpoint, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app = app
         self.httpd = _ThreadingServer((host, port), _handler(app))
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="endpoint-http", daemon=True)
+        # a short poll: `close` waits for the serving loop to notice (socketserver's default is 0.5 s)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="endpoint-http", daemon=True
+        )
 
     @property
     def url(self) -> str:
