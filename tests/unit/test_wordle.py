@@ -305,7 +305,7 @@ def test_config_split_reaches_generate_tasks() -> None:
     default = DatasetConfig(environment_tasks={"size": 4, "seed": 1})
     assert [t["split"] for t in build_tasks(default, environment=env)] == ["train"] * 4
     with pytest.raises(DataError, match="takes no split"):
-        build_tasks(heldout, environment=make_environment("text2sql"))
+        build_tasks(heldout, environment=make_environment("tool_python"))
 
 
 def test_reference_policies_solve_rates_pinned() -> None:
