@@ -7,8 +7,9 @@ thread) takes the pending requests as a batch once as many are pending as sessio
 or `max_wait_s` after the first one arrived, whichever comes first. The quiet gap, not a fixed wait
 from the first arrival, is what lets a turn's requests meet in one batch: agents' requests after a
 batch (or at the start of a rollout) arrive one by one, a few milliseconds apart, as their threads
-take turns parsing responses under the GIL. The batch's requests are generated with the run's generator (`generate(prompt_ids, params, batch_size)`:
-the HF sampler or a vLLM engine, in process or on Ray workers), one call per distinct sampling setting.
+take turns parsing responses under the GIL. The batch's requests are generated with the run's
+generator (`generate(prompt_ids, params, batch_size)`: the HF sampler or a vLLM engine, in process or
+on Ray workers), one call per distinct sampling setting.
 A batch seeded run's call gets the seed `turn_seed(seed, batch_index)`, so batches never share a seed;
 which requests share a batch depends on timing, so sampled (not greedy) episodes are reproducible only
 when each is generated alone.
