@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +18,7 @@ from posttrain.config.rl import GRPOConfig
 from posttrain.data.sources import DataError
 from posttrain.data.tasks import build_tasks
 from posttrain.environments import make_environment
-from posttrain.environments.interface import episode_turn_limit
+from posttrain.environments.interface import EnvStepResult, episode_turn_limit
 from posttrain.environments.wordle import (
     EXAMPLE_GUESS,
     WordleEnvironment,
@@ -24,6 +27,7 @@ from posttrain.environments.wordle import (
     is_heldout,
     load_word_list,
     parse_guess,
+    player_transcript,
     random_guesser,
     solve_rate,
 )
@@ -296,6 +300,58 @@ def test_batch_metrics() -> None:
         "env/turns_per_episode": 1.0,
     }
     assert make_environment("wordle", max_guesses=2).max_guesses == 2
+
+
+def test_fits_feedback_marks_guesses_that_ignore_the_board() -> None:
+    """Secret ABBEY. CRANE (first guess: nothing to fit) -> C grey, R grey, A yellow, N grey, E yellow.
+    NOTES cannot be the secret (its N would have made CRANE's N yellow): does not fit; it gets N grey,
+    O grey, T grey, E green, S grey. Were the secret LABEL, CRANE would get C, R grey, A yellow (LABEL's
+    A is 2nd), N grey, E yellow, and NOTES N, O, T grey, E green, S grey: LABEL fits both."""
+    env = WordleEnvironment(max_guesses=4)
+    turns = play(
+        env, SECRET, ["<guess>crane</guess>", "<guess>notes</guess>", "<guess>label</guess>", "nothing"]
+    )
+    assert [t["info"]["fits_feedback"] for t in turns] == [None, False, True, None]
+    starts = env.reset([{"secret": SECRET}], [0])
+    log, meta, results = list(starts[0].messages), starts[0].metadata, []
+    for guess in ("crane", "notes", "label"):
+        log.append({"role": "assistant", "content": f"<guess>{guess}</guess>"})
+        results.append(env.step([log], [meta]))
+        log.append(results[-1].observations[0])
+        meta = results[-1].metadata[0]
+    metrics = env.batch_metrics(EnvStepResult.concat(results))
+    assert metrics["env/fits_feedback_rate"] == 1 / 2  # NOTES no, LABEL yes; CRANE had nothing to fit
+
+
+def test_player_transcripts_replay_to_a_solve_and_hide_heldout_secrets() -> None:
+    """The SFT transcripts (examples/wordle_transcripts.py): the consistent guesser's games replayed
+    through the environment pay what the player's game paid, and training transcripts never name a
+    held-out secret, as an answer or as a guess."""
+    write_transcripts = runpy.run_path("examples/wordle_transcripts.py", run_name="wordle_transcripts")[
+        "write_transcripts"
+    ]
+    env = WordleEnvironment()
+    heldout = set(env.words.pool("heldout"))
+    for task in env.generate_tasks(20, seed=3):
+        messages = player_transcript(env, task, consistent_guesser(sorted(env.words.allowed)), seed=1)
+        turns = play(
+            env, env.secret_of(task, 0), [m["content"] for m in messages if m["role"] == "assistant"]
+        )
+        solved = messages[-1]["content"] == f"<guess>{env.secret_of(task, 0)}</guess>"
+        assert turns[-1]["done"] and turns[-1]["reward"] == float(solved)
+        assert [t["obs"] for t in turns[:-1]] == [m["content"] for m in messages[2::2]]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "w.jsonl"
+        guesses, solved = write_transcripts(out, env, 300, seed=11)
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+    words = {
+        re.fullmatch(r"<guess>(\w+)</guess>", m["content"]).group(1)
+        for r in rows
+        for m in r["messages"][1::2]
+    }
+    assert len(rows) == 300 and solved == 299 and guesses == sum(len(r["messages"]) // 2 for r in rows)
+    assert not words & heldout and words <= env.words.allowed
+    assert all(r["task"]["split"] == "train" for r in rows)
 
 
 def test_config_split_reaches_generate_tasks() -> None:

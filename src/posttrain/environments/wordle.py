@@ -203,7 +203,9 @@ class WordleEnvironment:
 
     Metadata: "secret", "history" (valid guesses and their feedback), "turns", "max_guesses".
     Info per turn: "guess" (the valid guess or None), "outcome" ("valid", "solved", "no_guess",
-    "several_guesses", "not_a_word", "not_in_list"), "feedback" (colours or None), "solved", "turns".
+    "several_guesses", "not_a_word", "not_in_list"), "feedback" (colours or None), "solved", "turns",
+    "fits_feedback" (for a valid guess after an earlier valid one: whether it could be the secret given
+    every feedback so far, as `consistent_guesser`'s guesses always can; else None).
     """
 
     turn_limit_kwarg: ClassVar[str] = "max_guesses"
@@ -291,6 +293,7 @@ class WordleEnvironment:
         turns = meta["turns"] + 1
         history = [list(h) for h in meta["history"]]
         colours = feedback(meta["secret"], guess) if outcome == "valid" and guess else None
+        fits = colours is not None and all(feedback(guess, g) == tuple(c) for g, c in meta["history"])
         if colours is not None:
             history.append([guess, list(colours)])
         solved = colours is not None and all(c == GREEN for c in colours)
@@ -302,6 +305,7 @@ class WordleEnvironment:
             "feedback": colours and list(colours),
             "solved": solved,
             "turns": turns,
+            "fits_feedback": fits if colours is not None and meta["history"] else None,
         }
         if solved:
             return 1.0 - self.turn_penalty * (turns - 1), None, True, new_meta, info
@@ -311,7 +315,9 @@ class WordleEnvironment:
         return 0.0, {"role": "user", "content": text}, False, new_meta, info
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
-        """Per turn: invalid-guess rate; over the episodes that ended: solved rate, turns per episode."""
+        """Per turn: invalid-guess rate; over the valid guesses that follow another: the rate that fit
+        every feedback so far (a player that reads the board); over the episodes that ended: solved
+        rate, turns per episode."""
         n = max(len(results), 1)
         ended = [i for i, d in zip(results.info, results.done, strict=True) if d]
         metrics = {
@@ -319,6 +325,9 @@ class WordleEnvironment:
             / n,
             "env/no_guess_rate": sum(i.get("outcome") == "no_guess" for i in results.info) / n,
         }
+        fits = [i["fits_feedback"] for i in results.info if i.get("fits_feedback") is not None]
+        if fits:
+            metrics["env/fits_feedback_rate"] = sum(fits) / len(fits)
         if ended:
             metrics["env/solved_rate"] = sum(bool(i.get("solved")) for i in ended) / len(ended)
             metrics["env/turns_per_episode"] = sum(i.get("turns", 0) for i in ended) / len(ended)
@@ -354,6 +363,22 @@ def play(
 ) -> tuple[float, dict[str, Any]]:
     """Play one game of `task` through `env` (its `reset` and `step`, replies `<guess>word</guess>`)
     with `policy` drawing from `random.Random(seed)`; the final reward and the last turn's info."""
+    reward, info, _ = _play(env, task, policy, seed)
+    return reward, info
+
+
+def player_transcript(
+    env: WordleEnvironment, task: dict[str, Any], policy: Policy, seed: int
+) -> list[Message]:
+    """The messages of one game `policy` plays (as `play`): the environment's first message and
+    observations, and each guess as an assistant turn `<guess>word</guess>` (an SFT transcript; with
+    `consistent_guesser` a player that reads the feedback)."""
+    return _play(env, task, policy, seed)[2]
+
+
+def _play(
+    env: WordleEnvironment, task: dict[str, Any], policy: Policy, seed: int
+) -> tuple[float, dict[str, Any], list[Message]]:
     start = env.reset([task], [seed])[0]
     log, meta, history, rng = list(start.messages), start.metadata, [], random.Random(seed)
     while True:
@@ -363,7 +388,7 @@ def play(
         if info["feedback"] is not None:
             history.append((info["guess"], tuple(info["feedback"])))
         if result.done[0]:
-            return result.rewards[0], info
+            return result.rewards[0], info, log
         log.append(result.observations[0])
         meta = result.metadata[0]
 

@@ -1,0 +1,73 @@
+"""Transcripts of a Wordle player that reads the feedback, for an SFT warm start (docs/environments.md#wordle).
+
+Writes one JSON line per game, `{"messages": [...], "task": {...}}`: the environment's own first
+message and observations, and per turn the player's assistant turn `<guess>word</guess>`
+(`posttrain.environments.wordle.player_transcript` with `consistent_guesser`: each guess a random
+allowed word that fits every feedback so far). Games of `--split train` have training-pool secrets
+only, so no held-out secret is ever a transcript's answer; by default no held-out secret is guessed
+either (`--guess-heldout` lets the player guess any allowed word). `--split heldout` writes held-out
+games (a validation set for the SFT loss). `posttrain sft` reads the files as `data.train.path` and
+`data.validation.path`:
+
+    python examples/wordle_transcripts.py data/wordle_sft.jsonl --count 2000 --seed 11
+    python examples/wordle_transcripts.py data/wordle_sft_heldout.jsonl --count 64 --seed 99999 --split heldout
+
+`--env` takes the environment's keyword arguments (give the GRPO recipe's `max_guesses` and
+`word_list`). The assistant turns are the same with or without `guess_prefix`: an episode's message
+holds the "<guess>" prefix and the generated "word</guess>".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from posttrain.environments.wordle import WordleEnvironment, consistent_guesser, player_transcript
+
+
+def write_transcripts(
+    out: Path,
+    env: WordleEnvironment,
+    count: int,
+    seed: int,
+    split: str = "train",
+    guess_heldout: bool = False,
+) -> tuple[int, int]:
+    """Write `count` games of `split` drawn from `seed`; returns (guesses, games solved). Unless
+    `guess_heldout` (or `split` is "heldout"), the player never guesses a held-out secret."""
+    words = env.words.allowed
+    if split == "train" and not guess_heldout:
+        words = words - frozenset(env.words.pool("heldout"))
+    policy = consistent_guesser(sorted(words))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    guesses = solved = 0
+    with open(out, "w") as f:
+        for i, task in enumerate(env.generate_tasks(count, seed, split=split)):
+            messages = player_transcript(env, task, policy, seed + i)
+            guesses += sum(m["role"] == "assistant" for m in messages)
+            solved += messages[-1]["content"] == f"<guess>{env.secret_of(task, 0)}</guess>"
+            f.write(json.dumps({"messages": messages, "task": task}) + "\n")
+    return guesses, solved
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the JSONL file to write")
+    parser.add_argument("--count", type=int, default=2000, help="games (one transcript each)")
+    parser.add_argument("--seed", type=int, default=11, help="seed of the draw")
+    parser.add_argument("--split", choices=["train", "heldout"], default="train", help="the pool of secrets")
+    parser.add_argument("--env", default="{}", help="WordleEnvironment keyword arguments, as JSON")
+    parser.add_argument(
+        "--guess-heldout",
+        action="store_true",
+        help="let the player guess held-out secrets (never as the answer)",
+    )
+    args = parser.parse_args(argv)
+    env = WordleEnvironment(**json.loads(args.env))
+    guesses, solved = write_transcripts(args.out, env, args.count, args.seed, args.split, args.guess_heldout)
+    print(f"wrote {args.count} games ({guesses} guesses, {solved} solved) to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
