@@ -24,6 +24,8 @@ RECIPES = {
     "grpo_reasoning_gym_direction.yaml": "env/first_try_accuracy",
     "grpo_wordle.yaml": "env/solved_rate",
     "grpo_text2sql.yaml": "env/sql_rate",
+    "grpo_text2sql_novel.yaml": "env/sql_rate",
+    "grpo_wordle_sft.yaml": "env/solved_rate",
 }
 
 
@@ -124,6 +126,43 @@ def test_message_penalties_run_a_step_on_the_calculator_recipe(tiny_model_dir: P
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     [step] = [r for r in rows if "reward/mean" in r]
     assert 0.0 <= step["invalid_tool_call_rate"] <= 1.0 and 0.0 <= step["malformed_thinking_rate"] <= 1.0
+
+
+WARM_STARTS = {
+    "wordle": ("examples/wordle_transcripts.py", "{}", "sft_wordle.yaml", "grpo_wordle_sft.yaml"),
+    "text2sql": (
+        "examples/text2sql_transcripts.py",
+        '{"sql_prefix": true}',
+        "sft_text2sql.yaml",
+        "grpo_text2sql_novel.yaml",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WARM_STARTS))
+def test_warm_start_recipes_chain(name: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A warm-started recipe's steps in order, each for one step: the transcripts script (training and
+    held-out files), SFT on them (its sft_*.yaml), then GRPO from the SFT checkpoint (its grpo_*.yaml),
+    validated before and after."""
+    import runpy
+
+    path, env, sft_recipe, grpo_recipe = WARM_STARTS[name]
+    script = runpy.run_path(path, run_name="transcripts")
+    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
+    script["main"]([str(train), "--count", "8", "--env", env])
+    script["main"]([str(held), "--count", "4", "--seed", "99999", "--split", "heldout", "--env", env])
+    common = ["cluster.backend=local", "logging.tensorboard=false"]
+    sft_dir = tmp_path / "sft"
+    sft = ["sft", "--config", f"examples/configs/{sft_recipe}", f"policy.model_name={tiny_model_dir}"]
+    sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
+    sft += ["sft.global_batch_size=4", "checkpoint.save_every=1", *common, f"logging.run_dir={sft_dir}"]
+    assert main(sft) == 0
+    [checkpoint] = (sft_dir / "checkpoints").glob("step_*")
+    sizes = ["data.train.environment_tasks.size=8", "data.validation.environment_tasks.size=2"]
+    rows = one_grpo_step(grpo_recipe, checkpoint / "model", tmp_path / "grpo", *sizes)
+    assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1]
 
 
 @pytest.mark.slow  # 17-23 s on the 2-core machine

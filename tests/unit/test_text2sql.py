@@ -17,6 +17,7 @@ from posttrain.environments.splits import question_split
 from posttrain.environments.text2sql import (
     Text2SQLEnvironment,
     baselines,
+    draw_novel_question,
     draw_question,
     has_answer,
     nearest_training_task,
@@ -123,6 +124,50 @@ def test_baselines_on_the_recipes_heldout_set(env: Text2SQLEnvironment) -> None:
     assert found["nearest_training_query"] == 5 / 64
     # each baseline is what its policy scores, task by task
     assert nearest_training_task(heldout[0]["question"], train)["question"] != heldout[0]["question"]
+
+
+def test_novel_questions_are_other_kinds_and_every_gold_query_scores_one(env: Text2SQLEnvironment) -> None:
+    """`questions="novel"`: 8 kinds of question, none of them a standard kind (gold queries with their
+    constants blanked) and no question text in common; every novel gold query pays 1 on its database."""
+    rng = random.Random(0)
+    standard = [draw_question(rng) for _ in range(2000)]
+    novel = [draw_novel_question(rng) for _ in range(2000)]
+
+    def shape(sql: str) -> str:
+        return re.sub(r"'[^']*'|\d+", "?", sql)
+
+    assert len({shape(q[1]) for q in novel}) == 8
+    assert not {shape(q[1]) for q in novel} & {shape(q[1]) for q in standard}
+    assert not {q[0] for q in novel} & {q[0] for q in standard}
+    other = Text2SQLEnvironment(timeout_s=0.5, questions="novel")
+    tasks = other.generate_tasks(80, seed=3, split="heldout")
+    assert {question_split(t["question"]) for t in tasks} == {"heldout"}
+    logs = [[{"role": "assistant", "content": reply(t["gold"])}] for t in tasks]
+    assert other.step(logs, tasks).rewards == [1.0] * len(tasks)
+    other.close()
+    with pytest.raises(ValueError, match="questions must be one of"):
+        Text2SQLEnvironment(questions="hard")
+
+
+def test_novel_recipe_trains_and_validates_on_novel_kinds_with_its_baselines() -> None:
+    """grpo_text2sql_novel.yaml: GRPO on the novel kinds' training split, validation on their held-out
+    split (no question in common), after a warm start on standard kinds only; the blind and lookup
+    baselines the docs quote for its 64 held-out tasks."""
+    cfg = load_config(GRPOConfig, "examples/configs/grpo_text2sql_novel.yaml", [])
+    assert cfg.environment.kwargs["questions"] == "novel"
+    novel = Text2SQLEnvironment(**cfg.environment.kwargs)
+    train = build_tasks(cfg.data.train, environment=novel)
+    heldout = build_tasks(cfg.data.validation, environment=novel)
+    assert len(train) == 1000 and len(heldout) == 64
+    assert not {t["question"] for t in train} & {t["question"] for t in heldout}
+    assert len({re.sub(r"'[^']*'|\d+", "?", t["gold"]) for t in heldout}) == 8  # every novel kind held out
+    sft = load_config(GRPOConfig, "examples/configs/grpo_text2sql.yaml", []).data.train
+    standard = build_tasks(sft, environment=Text2SQLEnvironment())
+    assert not {t["question"] for t in standard} & {t["question"] for t in train + heldout}
+    found = baselines(novel, train, heldout)
+    assert found["best_fixed_query"] == 6 / 64
+    assert found["nearest_training_query"] == 6 / 64
+    novel.close()
 
 
 def test_equivalent_queries_match_and_order_counts_only_when_asked(env: Text2SQLEnvironment) -> None:

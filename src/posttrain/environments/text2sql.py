@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from posttrain.environments.interface import (
     EnvStepResult,
@@ -221,6 +221,62 @@ def worked_example_turns() -> list[Message]:
     ]
 
 
+def draw_novel_question(rng: random.Random) -> tuple[str, str, bool]:
+    """(question, gold query, ordered) from kinds of question `draw_question` never asks, each a new
+    combination of what its kinds use (MIN, two conditions, a filtered GROUP BY, a filter with an
+    order, counts and averages over other columns), for `questions="novel"`."""
+    dept, category = rng.choice(DEPTS), rng.choice(CATEGORIES)
+    salary, stock = rng.randint(4, 10) * 10_000, rng.randint(5, 40)
+    year, price = rng.randint(2012, 2022), rng.randint(10, 45)
+    templates = [
+        (
+            f"What is the lowest salary in {dept}?",
+            f"SELECT MIN(salary) FROM staff WHERE dept = '{dept}'",
+            False,
+        ),
+        (
+            f"How many products in the {category} category have fewer than {stock} in stock?",
+            f"SELECT COUNT(*) FROM products WHERE category = '{category}' AND stock < {stock}",
+            False,
+        ),
+        (
+            f"List the ids of products costing more than {price} dollars.",
+            f"SELECT id FROM products WHERE price > {price}",
+            False,
+        ),
+        (
+            f"What is the average salary of staff hired after {year}?",
+            f"SELECT AVG(salary) FROM staff WHERE hired > {year}",
+            False,
+        ),
+        (
+            f"For each category, how many products have fewer than {stock} in stock? Give category and count.",
+            f"SELECT category, COUNT(*) FROM products WHERE stock < {stock} GROUP BY category",
+            False,
+        ),
+        (
+            f"List the names of staff in {dept}, best-paid first.",
+            f"SELECT name FROM staff WHERE dept = '{dept}' ORDER BY salary DESC",
+            True,
+        ),
+        (
+            f"How many staff earn more than {salary}?",
+            f"SELECT COUNT(*) FROM staff WHERE salary > {salary}",
+            False,
+        ),
+        (
+            f"What is the total salary of staff in {dept}?",
+            f"SELECT SUM(salary) FROM staff WHERE dept = '{dept}'",
+            False,
+        ),
+    ]
+    return rng.choice(templates)
+
+
+QUESTION_SETS = {"standard": draw_question, "novel": draw_novel_question}
+"""The question generators `Text2SQLEnvironment(questions=...)` draws from; no question is in both."""
+
+
 @register_environment("text2sql")
 class Text2SQLEnvironment:
     """Text-to-SQL with execution match (see the module docstring).
@@ -235,6 +291,9 @@ class Text2SQLEnvironment:
         sql_prefix: the reply begins with "```sql" and a newline, written by the environment (the
             episode's response prefix, not trained on), and generation stops at the closing fence: the
             model writes only the query (no prose after it, fewer tokens a reply).
+        questions: "standard" (`draw_question`'s 12 kinds) or "novel" (`draw_novel_question`'s 8 other
+            kinds, no question in common): e.g. a warm start on standard questions, then RL and
+            evaluation on novel ones.
     Info: "sql" (extracted or None), "error" (why the reply's query did not run, or None), "match".
     """
 
@@ -245,20 +304,24 @@ class Text2SQLEnvironment:
         examples: list[Message] | None = None,
         worked_example: bool = False,
         sql_prefix: bool = False,
+        questions: Literal["standard", "novel"] = "standard",
     ) -> None:
+        if questions not in QUESTION_SETS:
+            raise ValueError(f"questions must be one of {sorted(QUESTION_SETS)}, got {questions!r}")
         self.timeout_s, self.max_rows, self.sql_prefix = timeout_s, max_rows, sql_prefix
+        self.questions = questions
         self.examples = [dict(m) for m in examples or ()] + (worked_example_turns() if worked_example else [])
         self._folder: Path | None = None
 
     def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
-        """`count` tasks drawn from `seed`: a database seed and a question with its gold query; with
+        """`count` tasks drawn from `seed`: a database seed and a question (of the `questions` set) with its gold query; with
         `split` ("train" or "heldout"), only questions of that split (`question_split`), so the two
         never share a question."""
         check_split(split)
         rng = random.Random(seed)
         tasks: list[dict[str, Any]] = []
         while len(tasks) < count:
-            question, gold, ordered = draw_question(rng)
+            question, gold, ordered = QUESTION_SETS[self.questions](rng)
             task = {"db_seed": rng.randrange(2**31), "question": question, "gold": gold, "ordered": ordered}
             if (split is None or question_split(question) == split) and has_answer(self._gold_rows(task)):
                 tasks.append(task)
