@@ -195,9 +195,16 @@ def print_table(results: list[dict], base: dict[str, float], val_steps: list[int
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-def plot_seeds(path: Path, runs: dict[str, list[dict]], title: str) -> None:
+def plot_seeds(
+    path: Path,
+    runs: dict[str, list[dict]],
+    title: str,
+    baselines: dict[str, float] | None = None,
+    ylabel: str = "held-out accuracy (%, greedy)",
+) -> None:
     """Held-out accuracy against step: per recipe the mean over its seeds (line), the range between its
-    worst and best seed (band) and each seed (thin lines)."""
+    worst and best seed (band) and each seed (thin lines); each of `baselines` (label: accuracy in
+    [0, 1], e.g. a blind policy's) as a dashed horizontal line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,8 +220,10 @@ def plot_seeds(path: Path, runs: dict[str, list[dict]], title: str) -> None:
         ax.fill_between(steps, [min(v) for v in table], [max(v) for v in table], color=color, alpha=0.15)
         mean_curve = [statistics.fmean(v) for v in table]
         ax.plot(steps, mean_curve, color=color, lw=2, marker="o", label=f"{label} ({len(results)} seeds)")
+    for (label, value), style in zip((baselines or {}).items(), ["--", ":", "-."], strict=False):
+        ax.axhline(100 * value, color="grey", ls=style, lw=1, label=label)
     ax.set_xlabel("step")
-    ax.set_ylabel("held-out accuracy (%, greedy)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
