@@ -12,8 +12,8 @@ games (a validation set for the SFT loss). `posttrain sft` reads the files as `d
     python examples/wordle_transcripts.py data/wordle_sft.jsonl --count 2000 --seed 11
     python examples/wordle_transcripts.py data/wordle_sft_heldout.jsonl --count 64 --seed 99999 --split heldout
 
-`--env` takes the environment's keyword arguments (give the GRPO recipe's `max_guesses` and
-`word_list`). The assistant turns are the same with or without `guess_prefix`: an episode's message
+`--env` takes the environment's keyword arguments (give the GRPO recipe's `max_guesses`, `word_list`
+and `summary`: the observations depend on it); `--opener WORD` makes every game open with WORD. The assistant turns are the same with or without `guess_prefix`: an episode's message
 holds the "<guess>" prefix and the generated "word</guess>".
 """
 
@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 
-from posttrain.environments.wordle import WordleEnvironment, consistent_guesser, player_transcript
+from posttrain.environments.wordle import History, WordleEnvironment, consistent_guesser, player_transcript
 
 
 def write_transcripts(
@@ -33,13 +34,21 @@ def write_transcripts(
     seed: int,
     split: str = "train",
     guess_heldout: bool = False,
+    opener: str | None = None,
 ) -> tuple[int, int]:
     """Write `count` games of `split` drawn from `seed`; returns (guesses, games solved). Unless
-    `guess_heldout` (or `split` is "heldout"), the player never guesses a held-out secret."""
+    `guess_heldout` (or `split` is "heldout"), the player never guesses a held-out secret; with
+    `opener`, every game's first guess is that word."""
     words = env.words.allowed
     if split == "train" and not guess_heldout:
         words = words - frozenset(env.words.pool("heldout"))
-    policy = consistent_guesser(sorted(words))
+    if opener is not None and opener not in words:
+        raise SystemExit(f"--opener {opener!r} is not a word the player may guess")
+    reader = consistent_guesser(sorted(words))
+
+    def policy(history: History, rng: random.Random) -> str:
+        return opener if opener is not None and not history else reader(history, rng)
+
     out.parent.mkdir(parents=True, exist_ok=True)
     guesses = solved = 0
     with open(out, "w") as f:
@@ -63,9 +72,14 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="let the player guess held-out secrets (never as the answer)",
     )
+    parser.add_argument(
+        "--opener", default=None, help="the first guess of every game (default: the player's)"
+    )
     args = parser.parse_args(argv)
     env = WordleEnvironment(**json.loads(args.env))
-    guesses, solved = write_transcripts(args.out, env, args.count, args.seed, args.split, args.guess_heldout)
+    guesses, solved = write_transcripts(
+        args.out, env, args.count, args.seed, args.split, args.guess_heldout, args.opener
+    )
     print(f"wrote {args.count} games ({guesses} guesses, {solved} solved) to {args.out}")
 
 

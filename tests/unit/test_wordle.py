@@ -398,6 +398,16 @@ def test_player_transcripts_replay_to_a_solve_and_hide_heldout_secrets() -> None
     assert len(rows) == 300 and solved == 299 and guesses == sum(len(r["messages"]) // 2 for r in rows)
     assert not words & heldout and words <= env.words.allowed
     assert all(r["task"]["split"] == "train" for r in rows)
+    # --opener fixes every first guess; --guess-heldout lets held-out secrets be guessed, never solved
+    shown = WordleEnvironment(summary=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "w.jsonl"
+        write_transcripts(out, shown, 300, seed=11, guess_heldout=True, opener="crane")
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["messages"][1]["content"] for r in rows} == {"<guess>crane</guess>"}
+    assert all("Known: in place" in r["messages"][2]["content"] for r in rows if len(r["messages"]) > 2)
+    guessed = {m["content"][7:12] for r in rows for m in r["messages"][1::2]}
+    assert guessed & heldout and not {r["messages"][-1]["content"][7:12] for r in rows} & heldout
 
 
 def test_config_split_reaches_generate_tasks() -> None:
