@@ -46,6 +46,11 @@ def task_of(env: Text2SQLEnvironment, gold: str, ordered: bool, db_seed: int = 7
     return {"db_seed": db_seed, "question": "?", "gold": gold, "ordered": ordered}
 
 
+def shape(sql: str) -> str:
+    """A gold query with its constants blanked: its kind of question."""
+    return re.sub(r"'[^']*'|\d+", "?", sql)
+
+
 def test_same_result_hand_cases() -> None:
     assert same_result([(1,), (2,)], [(2,), (1,)], ordered=False)
     assert not same_result([(1,), (2,)], [(2,), (1,)], ordered=True)
@@ -84,7 +89,7 @@ def test_every_kind_of_question_is_drawn_and_none_is_unanswerable(env: Text2SQLE
     """All 12 kinds of question come up (gold queries with their constants blanked); a gold result with
     no row or only NULLs (an average over no rows) is never a task."""
     rng = random.Random(0)
-    shapes = {re.sub(r"'[^']*'|\d+", "?", draw_question(rng)[1]) for _ in range(500)}
+    shapes = {shape(draw_question(rng)[1]) for _ in range(500)}
     assert len(shapes) == 12
     assert not has_answer([]) and not has_answer([(None,)])
     assert has_answer([(0,)]) and has_answer([(None, 1)])
@@ -132,10 +137,6 @@ def test_novel_questions_are_other_kinds_and_every_gold_query_scores_one(env: Te
     rng = random.Random(0)
     standard = [draw_question(rng) for _ in range(2000)]
     novel = [draw_novel_question(rng) for _ in range(2000)]
-
-    def shape(sql: str) -> str:
-        return re.sub(r"'[^']*'|\d+", "?", sql)
-
     assert len({shape(q[1]) for q in novel}) == 8
     assert not {shape(q[1]) for q in novel} & {shape(q[1]) for q in standard}
     assert not {q[0] for q in novel} & {q[0] for q in standard}
@@ -160,7 +161,7 @@ def test_novel_recipe_trains_and_validates_on_novel_kinds_with_its_baselines() -
     heldout = build_tasks(cfg.data.validation, environment=novel)
     assert len(train) == 1000 and len(heldout) == 64
     assert not {t["question"] for t in train} & {t["question"] for t in heldout}
-    assert len({re.sub(r"'[^']*'|\d+", "?", t["gold"]) for t in heldout}) == 8  # every novel kind held out
+    assert len({shape(t["gold"]) for t in heldout}) == 8  # every novel kind held out
     sft = load_config(GRPOConfig, "examples/configs/grpo_text2sql.yaml", []).data.train
     standard = build_tasks(sft, environment=Text2SQLEnvironment())
     assert not {t["question"] for t in standard} & {t["question"] for t in train + heldout}

@@ -276,14 +276,16 @@ RED_TEAM = [
 ]
 
 
+@pytest.mark.parametrize("shaped", [False, True], ids=["plain", "summary_fit_reward"])
 @pytest.mark.parametrize("text", RED_TEAM)
-def test_red_team_replies_score_zero_and_never_see_the_secret(text: str) -> None:
-    turns = play(WordleEnvironment(), SECRET, [text] * 6)
+def test_red_team_replies_score_zero_and_never_see_the_secret(text: str, shaped: bool) -> None:
+    env = WordleEnvironment(summary=True, fit_reward=0.5) if shaped else WordleEnvironment()
+    turns = play(env, SECRET, [text] * 6)
     assert [t["reward"] for t in turns] == [0.0] * 6 and not turns[-1]["info"]["solved"]
     shown = json.dumps([[t["obs"], t["info"]] for t in turns]).lower()
     assert SECRET not in shown  # neither an observation nor the info (sent to OpenEnv clients) names it
     # control: the same episode solved on its last turn pays 1
-    assert play(WordleEnvironment(), SECRET, [text] * 5 + ["<guess>abbey</guess>"])[-1]["reward"] == 1.0
+    assert play(env, SECRET, [text] * 5 + ["<guess>abbey</guess>"])[-1]["reward"] == 1.0
 
 
 def test_batch_metrics() -> None:

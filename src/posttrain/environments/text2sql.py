@@ -314,9 +314,9 @@ class Text2SQLEnvironment:
         self._folder: Path | None = None
 
     def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
-        """`count` tasks drawn from `seed`: a database seed and a question (of the `questions` set) with its gold query; with
-        `split` ("train" or "heldout"), only questions of that split (`question_split`), so the two
-        never share a question."""
+        """`count` tasks drawn from `seed`: a database seed and a question of the `questions` set with
+        its gold query; with `split` ("train" or "heldout"), only questions of that split
+        (`question_split`), so the two never share a question."""
         check_split(split)
         rng = random.Random(seed)
         tasks: list[dict[str, Any]] = []

@@ -83,6 +83,12 @@ def feedback(secret: str, guess: str) -> Feedback:
     return tuple(colours)
 
 
+def fits_feedback(word: str, history: Sequence[tuple[str, Sequence[str]]]) -> bool:
+    """Whether `word` could be the secret given every (guess, colours) of `history`: each guess would
+    have got exactly its colours against it."""
+    return all(feedback(word, guess) == tuple(colours) for guess, colours in history)
+
+
 def is_heldout(word: str) -> bool:
     """Whether a secret belongs to the held-out pool: the first byte of its SHA-256 is 0 mod 5
     (a fixed rule: about one word in five, the same for every list that holds the word)."""
@@ -172,17 +178,15 @@ def board_summary(history: History) -> str:
     is), the letters in the word with the places they are not in, and the letters not in the word (grey
     and never green or yellow in any guess). A function of the history alone."""
     places = ["_"] * WORD_LENGTH
-    elsewhere: dict[str, list[int]] = {}
+    elsewhere: dict[str, set[int]] = {}
     seen = set()
     for guess, colours in history:
         for i, (letter, colour) in enumerate(zip(guess, colours, strict=True)):
             if colour == GREEN:
                 places[i] = letter.upper()
-                seen.add(letter)
             elif colour == YELLOW:
-                elsewhere.setdefault(letter, [])
-                if i + 1 not in elsewhere[letter]:
-                    elsewhere[letter].append(i + 1)
+                elsewhere.setdefault(letter, set()).add(i + 1)
+            if colour != GREY:
                 seen.add(letter)
     absent = sorted(
         {g for guess, colours in history for g, c in zip(guess, colours, strict=True) if c == GREY} - seen
@@ -345,7 +349,8 @@ class WordleEnvironment:
         turns = meta["turns"] + 1
         history = [list(h) for h in meta["history"]]
         colours = feedback(meta["secret"], guess) if outcome == "valid" and guess else None
-        fits = colours is not None and all(feedback(guess, g) == tuple(c) for g, c in meta["history"])
+        # None for an invalid guess or the first valid one (nothing to fit yet)
+        fits = None if colours is None or not meta["history"] else fits_feedback(guess, meta["history"])
         if colours is not None:
             history.append([guess, list(colours)])
         solved = colours is not None and all(c == GREEN for c in colours)
@@ -357,11 +362,9 @@ class WordleEnvironment:
             "feedback": colours and list(colours),
             "solved": solved,
             "turns": turns,
-            "fits_feedback": fits if colours is not None and meta["history"] else None,
+            "fits_feedback": fits,
         }
-        shaped = (
-            self.fit_reward / max(self.max_guesses - 1, 1) if fits and meta["history"] and not solved else 0.0
-        )
+        shaped = self.fit_reward / max(self.max_guesses - 1, 1) if fits and not solved else 0.0
         if solved:
             return 1.0 - self.turn_penalty * (turns - 1), None, True, new_meta, info
         if turns >= meta["max_guesses"]:
@@ -407,7 +410,7 @@ def consistent_guesser(words: Sequence[str]) -> Policy:
 
     def policy(history: History, rng: random.Random) -> str:
         guessed = {g for g, _ in history}
-        fits = [w for w in ordered if w not in guessed and all(feedback(w, g) == fb for g, fb in history)]
+        fits = [w for w in ordered if w not in guessed and fits_feedback(w, history)]
         return rng.choice(fits or [w for w in ordered if w not in guessed])
 
     return policy
