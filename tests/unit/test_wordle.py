@@ -25,6 +25,7 @@ from posttrain.environments.wordle import (
     board_summary,
     consistent_guesser,
     feedback,
+    fit_rate,
     is_heldout,
     load_word_list,
     parse_guess,
@@ -437,6 +438,10 @@ def test_reference_policies_solve_rates_pinned() -> None:
     heldout = env.generate_tasks(64, seed=99999, split="heldout")
     assert solve_rate(env, heldout, random_guesser(allowed), seed=0) == 0 / 64
     assert solve_rate(env, heldout, consistent_guesser(allowed), seed=0) == 63 / 64
+    # how often their valid guesses after the first fit the board (docs/environments.md#wordle)
+    assert fit_rate(env, heldout, random_guesser(allowed), seed=0) == (5, 320)
+    fits, guesses = fit_rate(env, heldout, consistent_guesser(allowed), seed=0)
+    assert fits == guesses > 0
 
 
 def test_recipe_trains_on_the_training_pool_and_validates_on_the_heldout_pool() -> None:

@@ -421,8 +421,8 @@ def play(
 ) -> tuple[float, dict[str, Any]]:
     """Play one game of `task` through `env` (its `reset` and `step`, replies `<guess>word</guess>`)
     with `policy` drawing from `random.Random(seed)`; the final reward and the last turn's info."""
-    reward, info, _ = _play(env, task, policy, seed)
-    return reward, info
+    reward, infos, _ = _play(env, task, policy, seed)
+    return reward, infos[-1]
 
 
 def player_transcript(
@@ -436,17 +436,19 @@ def player_transcript(
 
 def _play(
     env: WordleEnvironment, task: dict[str, Any], policy: Policy, seed: int
-) -> tuple[float, dict[str, Any], list[Message]]:
+) -> tuple[float, list[dict[str, Any]], list[Message]]:
+    """One game: its final reward, every turn's info and the messages."""
     start = env.reset([task], [seed])[0]
     log, meta, history, rng = list(start.messages), start.metadata, [], random.Random(seed)
+    infos = []
     while True:
         log.append({"role": "assistant", "content": f"<guess>{policy(history, rng)}</guess>"})
         result = env.step([log], [meta])
-        info = result.info[0]
+        infos.append(info := result.info[0])
         if info["feedback"] is not None:
             history.append((info["guess"], tuple(info["feedback"])))
         if result.done[0]:
-            return result.rewards[0], info, log
+            return result.rewards[0], infos, log
         log.append(result.observations[0])
         meta = result.metadata[0]
 
@@ -454,3 +456,17 @@ def _play(
 def solve_rate(env: WordleEnvironment, tasks: list[dict[str, Any]], policy: Policy, seed: int) -> float:
     """The fraction of `tasks` that `policy` solves, game i played with seed `seed + i`."""
     return sum(play(env, t, policy, seed + i)[1]["solved"] for i, t in enumerate(tasks)) / max(len(tasks), 1)
+
+
+def fit_rate(
+    env: WordleEnvironment, tasks: list[dict[str, Any]], policy: Policy, seed: int
+) -> tuple[int, int]:
+    """(guesses that fit every feedback so far, valid guesses after the first) over the games of
+    `tasks` that `policy` plays as in `solve_rate`: `env/fits_feedback_rate` of a reference policy."""
+    fits = [
+        i["fits_feedback"]
+        for n, task in enumerate(tasks)
+        for i in _play(env, task, policy, seed + n)[1]
+        if i["fits_feedback"] is not None
+    ]
+    return sum(fits), len(fits)
