@@ -13,7 +13,8 @@ games (a validation set for the SFT loss). `posttrain sft` reads the files as `d
     python examples/wordle_transcripts.py data/wordle_sft_heldout.jsonl --count 64 --seed 99999 --split heldout
 
 `--env` takes the environment's keyword arguments (give the GRPO recipe's `max_guesses`, `word_list`
-and `summary`: the observations depend on it); `--opener WORD` makes every game open with WORD. The assistant turns are the same with or without `guess_prefix`: an episode's message
+`summary` and `candidates`: the observations depend on it); `--opener WORD` makes every game open
+with WORD (not with `candidates`: a game's first guess is one of its own listed words). The assistant turns are the same with or without `guess_prefix`: an episode's message
 holds the "<guess>" prefix and the generated "word</guess>".
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from posttrain.environments.wordle import History, WordleEnvironment, consistent_guesser, player_transcript
@@ -42,12 +44,13 @@ def write_transcripts(
     words = env.words.allowed
     if split == "train" and not guess_heldout:
         words = words - frozenset(env.words.pool("heldout"))
-    if opener is not None and opener not in words:
+    if opener is not None and (env.candidates or opener not in words):
         raise SystemExit(f"--opener {opener!r} is not a word the player may guess")
-    reader = consistent_guesser(sorted(words))
+    # a game that lists candidate words (all of its split's pool) is played among them
+    reader = consistent_guesser(() if env.candidates else sorted(words))
 
-    def policy(history: History, rng: random.Random) -> str:
-        return opener if opener is not None and not history else reader(history, rng)
+    def policy(history: History, rng: random.Random, candidates: Sequence[str]) -> str:
+        return opener if opener is not None and not history else reader(history, rng, candidates)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     guesses = solved = 0

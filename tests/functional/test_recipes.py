@@ -26,6 +26,7 @@ RECIPES = {
     "grpo_text2sql.yaml": "env/sql_rate",
     "grpo_text2sql_novel.yaml": "env/sql_rate",
     "grpo_wordle_sft.yaml": "env/solved_rate",
+    "grpo_wordle_candidates.yaml": "env/solved_rate",
 }
 
 

@@ -444,13 +444,108 @@ def test_reference_policies_solve_rates_pinned() -> None:
     assert fits == guesses > 0
 
 
-def test_recipe_trains_on_the_training_pool_and_validates_on_the_heldout_pool() -> None:
-    cfg = load_config(GRPOConfig, "examples/configs/grpo_wordle.yaml", [])
+@pytest.mark.parametrize(("recipe", "turns"), [("grpo_wordle.yaml", 6), ("grpo_wordle_candidates.yaml", 4)])
+def test_recipe_trains_on_the_training_pool_and_validates_on_the_heldout_pool(
+    recipe: str, turns: int
+) -> None:
+    cfg = load_config(GRPOConfig, f"examples/configs/{recipe}", [])
     env = make_environment(cfg.environment.name, **cfg.environment.kwargs)
-    assert cfg.environment.max_turns == env.max_guesses == 6
+    assert cfg.environment.max_turns == env.max_guesses == turns
     secrets = {
         split: {env.secret_of(t, 0) for t in build_tasks(getattr(cfg.data, split), environment=env)}
         for split in ("train", "validation")
     }
     assert len(secrets["validation"]) > 40 and secrets["validation"] <= set(env.words.pool("heldout"))
     assert len(secrets["train"]) > 500 and secrets["train"] <= set(env.words.pool("train"))
+
+
+def test_candidates_are_the_secret_and_words_of_its_own_pool() -> None:
+    """`candidates=n`: each game lists n words of its split's pool, the secret among them, drawn by the
+    task's word_seed (deterministic); held-out games list held-out words only, so no word of a held-out
+    game's list is ever listed in a training game."""
+    env = WordleEnvironment(max_guesses=4, candidates=16)
+    for split in ("train", "heldout"):
+        pool = set(env.words.pool(split))
+        for task in env.generate_tasks(50, seed=5, split=split):
+            start = env.reset([task], [0])[0]
+            listed = start.metadata["candidates"]
+            assert listed == sorted(set(listed)) and len(listed) == 16 and set(listed) <= pool
+            assert start.metadata["secret"] in listed
+            assert env.candidates_of(task, 123, start.metadata["secret"]) == listed  # the task's seed
+            assert f"one of these 16 words: {', '.join(listed)}." in start.messages[0]["content"]
+    assert WordleEnvironment().reset([{}], [0])[0].metadata["candidates"] == []
+    for bad in (1, -2, 153):  # the built-in held-out pool has 152 words
+        with pytest.raises(ValueError, match="candidates must be 0"):
+            WordleEnvironment(candidates=bad)
+
+
+def test_a_guess_off_the_list_is_invalid_and_the_list_is_repeated() -> None:
+    """Secret ABBEY among 16 listed words: CRANE (allowed, but not listed) costs a turn and says why;
+    every observation repeats the list (the words to check the feedback against)."""
+    env = WordleEnvironment(max_guesses=4, candidates=16, summary=True)
+    start = env.reset([{"secret": SECRET}], [0])[0]
+    listed = start.metadata["candidates"]
+    other = next(w for w in listed if w != SECRET)
+    assert "crane" not in listed
+    turns = play(env, SECRET, ["<guess>crane</guess>", f"<guess>{other}</guess>", "<guess>abbey</guess>"])
+    assert [t["info"]["outcome"] for t in turns] == ["not_a_candidate", "valid", "solved"]
+    assert [t["reward"] for t in turns] == [0.0, 0.0, 1.0]
+    assert turns[0]["obs"].startswith("CRANE is not one of the listed words.")
+    assert "Your guesses so far:\n(none)\nThe secret is one of these 16 words" in turns[0]["obs"]
+    assert turns[1]["obs"].endswith(f"words: {', '.join(listed)}.\n2 guesses left.")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<guess>{all}</guess>",  # the whole list in one tag
+        "{tags}",  # every listed word in its own tag
+        "The secret is one of these 16 words: {all}.",  # the list copied back
+        "<guess>crane</guess>",  # allowed, but off the list
+        "<guess>{other}</guess>",  # a listed word, wrong every time
+    ],
+)
+def test_red_team_against_the_candidate_list_scores_zero(text: str) -> None:
+    env = WordleEnvironment(max_guesses=4, candidates=16, summary=True, fit_reward=0.5)
+    listed = env.reset([{"secret": SECRET}], [0])[0].metadata["candidates"]
+    reply = text.format(
+        all=", ".join(listed),
+        tags="".join(f"<guess>{w}</guess>" for w in listed),
+        other=next(w for w in listed if w != SECRET),
+    )
+    turns = play(env, SECRET, [reply] * 4)
+    assert [t["reward"] for t in turns] == [0.0] * 4 and not turns[-1]["info"]["solved"]
+
+
+def test_candidate_games_reference_rates_pinned() -> None:
+    """In a game of n listed words and G guesses the random guesser (distinct listed words, blind to the
+    feedback) solves G / n in expectation, and no blind policy does better (the secret is uniform among
+    the list); the consistent guesser reads the feedback. The recipe's held-out set
+    (grpo_wordle_candidates.yaml: 64 games, seed 99999, 16 words, 4 guesses) pinned."""
+    env = WordleEnvironment(max_guesses=4, candidates=16)
+    train = env.generate_tasks(2000, seed=0)
+    rate, p = solve_rate(env, train, random_guesser(), seed=0), 4 / 16
+    assert abs(rate - p) < 4 * (p * (1 - p) / 2000) ** 0.5
+    heldout = env.generate_tasks(64, seed=99999, split="heldout")
+    assert solve_rate(env, heldout, random_guesser(), seed=0) == 21 / 64  # luckier than 16 / 64
+    assert solve_rate(env, heldout, consistent_guesser(), seed=0) == 64 / 64
+
+
+def test_candidate_transcripts_list_only_training_words() -> None:
+    write_transcripts = runpy.run_path("examples/wordle_transcripts.py", run_name="wordle_transcripts")[
+        "write_transcripts"
+    ]
+    env = WordleEnvironment(max_guesses=4, candidates=16, summary=True)
+    heldout = set(env.words.pool("heldout"))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "w.jsonl"
+        guesses, solved = write_transcripts(out, env, 200, seed=11)
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        with pytest.raises(SystemExit, match="--opener"):
+            write_transcripts(out, env, 2, seed=11, opener="crane")
+    assert solved == 200 and guesses == sum(len(r["messages"]) // 2 for r in rows)
+    text = json.dumps([r["messages"] for r in rows])
+    assert not {w for w in re.findall(r"\b[a-z]{5}\b", text) if w in heldout}  # no held-out word anywhere
+    for r in rows:
+        listed = re.search(r"one of these 16 words: ([a-z, ]+)\.", r["messages"][0]["content"]).group(1)
+        assert {m["content"][7:12] for m in r["messages"][1::2]} <= set(listed.split(", "))

@@ -67,8 +67,9 @@ Feedback = tuple[str, ...]
 """One colour per letter of a guess: GREEN, YELLOW or GREY."""
 History = list[tuple[str, Feedback]]
 """The valid guesses of an episode so far with their feedback, in order."""
-Policy = Callable[[History, random.Random], str]
-"""A reference player: the next guess from the history (`random_guesser`, `consistent_guesser`)."""
+Policy = Callable[[History, random.Random, Sequence[str]], str]
+"""A reference player: the next guess from the history, a random draw and the game's candidate words
+(empty when the game lists none): `random_guesser`, `consistent_guesser`."""
 
 
 def feedback(secret: str, guess: str) -> Feedback:
@@ -151,10 +152,18 @@ def feedback_line(guess: str, colours: Feedback) -> str:
     return f"{guess.upper()}: " + ", ".join(f"{g.upper()} {c}" for g, c in zip(guess, colours, strict=True))
 
 
-def instructions(max_guesses: int) -> str:
-    """The first user message: the rules and the answer format."""
+def candidates_line(candidates: Sequence[str]) -> str:
+    """The candidate words of a game that lists them, e.g. `The secret is one of these 3 words: bake, ...`."""
+    return f"The secret is one of these {len(candidates)} words: {', '.join(candidates)}."
+
+
+def instructions(max_guesses: int, candidates: Sequence[str] = ()) -> str:
+    """The first user message: the rules, the candidate words when the game lists them, and the answer
+    format."""
+    listed = f"{candidates_line(candidates)} Guess only words from this list.\n" if candidates else ""
     return (
         f"Let's play Wordle. Guess the secret 5-letter English word in at most {max_guesses} guesses.\n"
+        f"{listed}"
         "After each guess you get feedback for every letter:\n"
         "- green: the right letter in the right place\n"
         "- yellow: the letter is in the word, but in another place\n"
@@ -170,6 +179,7 @@ INVALID_TEXT = {
     "not_a_word": "That guess is not a 5-letter word (letters a to z only). "
     f"Give one like <guess>{EXAMPLE_GUESS}</guess>.",
     "not_in_list": "{guess} is not in the word list. Guess a common English 5-letter word.",
+    "not_a_candidate": "{guess} is not one of the listed words. Guess only words from the list.",
 }
 
 
@@ -208,21 +218,23 @@ def observation_text(
     history: list[list],
     left: int,
     summary: bool = False,
+    candidates: Sequence[str] = (),
 ) -> str:
     """The user message after a turn that did not end the game: the turn's feedback (or why it was
     invalid), every valid guess so far with its feedback, with `summary` what they say together
-    (`board_summary`), and the guesses left."""
+    (`board_summary`), the game's candidate words when it lists them, and the guesses left."""
     text = (
         feedback_line(guess, colours)
         if guess and colours
         else INVALID_TEXT[outcome].format(guess=(guess or "").upper())
     )
-    board = "\n".join(f"{i}. {feedback_line(g, tuple(c))}" for i, (g, c) in enumerate(history, start=1))
+    lines = [f"{i}. {feedback_line(g, tuple(c))}" for i, (g, c) in enumerate(history, start=1)] or ["(none)"]
     if summary and history:
-        board += "\n" + board_summary([(g, tuple(c)) for g, c in history])
-    return (
-        f"{text}\n\nYour guesses so far:\n{board or '(none)'}\n{left} guess{'es' if left > 1 else ''} left."
-    )
+        lines.append(board_summary([(g, tuple(c)) for g, c in history]))
+    if candidates:
+        lines.append(candidates_line(candidates))
+    board = "\n".join(lines)
+    return f"{text}\n\nYour guesses so far:\n{board}\n{left} guess{'es' if left > 1 else ''} left."
 
 
 @register_environment("wordle")
@@ -248,8 +260,13 @@ class WordleEnvironment:
             f / (max_guesses - 1) on its turn, so an unsolved game earns at most f; f < 1 - p
             (max_guesses - 1) is required, so that every solve still pays more than any game that is
             not solved.
+        candidates: n >= 2 (0: off): each game lists n words, the secret and n - 1 others of its
+            split's pool (`candidates_of`), in the first message and every observation, and a guess
+            must be one of them (else the turn is invalid, "not_a_candidate"). A smaller game: the
+            random guesser solves max_guesses / n of them, a player that reads the feedback nearly all.
 
-    Metadata: "secret", "history" (valid guesses and their feedback), "turns", "max_guesses".
+    Metadata: "secret", "history" (valid guesses and their feedback), "turns", "max_guesses",
+    "candidates" (the listed words, sorted; empty when the game lists none).
     Info per turn: "guess" (the valid guess or None), "outcome" ("valid", "solved", "no_guess",
     "several_guesses", "not_a_word", "not_in_list"), "feedback" (colours or None), "solved", "turns",
     "fits_feedback" (for a valid guess after an earlier valid one: whether it could be the secret given
@@ -267,6 +284,7 @@ class WordleEnvironment:
         guess_prefix: bool = False,
         summary: bool = False,
         fit_reward: float = 0.0,
+        candidates: int = 0,
     ) -> None:
         if max_guesses < 1:
             raise ValueError(f"max_guesses must be >= 1, got {max_guesses}")
@@ -286,6 +304,10 @@ class WordleEnvironment:
                 "solving on the last turn must pay more than a game that is not solved"
             )
         self.summary, self.fit_reward = summary, fit_reward
+        smallest = min(len(self.words.pool(split)) for split in SPLITS)
+        if candidates != 0 and not 2 <= candidates <= smallest:
+            raise ValueError(f"candidates must be 0 (off) or in [2, {smallest}], got {candidates}")
+        self.candidates = candidates
 
     def generate_tasks(self, count: int, seed: int, split: str = "train") -> list[dict[str, Any]]:
         """`count` games drawn from `seed`, their secrets from `split`'s pool ("train" or "heldout")."""
@@ -303,21 +325,32 @@ class WordleEnvironment:
         pool = self.words.pool(str(task.get("split", "train")))
         return random.Random(int(task.get("word_seed", seed))).choice(pool)
 
+    def candidates_of(self, task: dict[str, Any], seed: int, secret: str) -> list[str]:
+        """The words a game lists (none unless `candidates` > 0): `secret` and `candidates` - 1 other
+        words of the task's split's pool, drawn by its "word_seed" (else `seed`), sorted."""
+        if not self.candidates:
+            return []
+        pool = [w for w in self.words.pool(str(task.get("split", "train"))) if w != secret]
+        rng = random.Random(f"candidates-{int(task.get('word_seed', seed))}")
+        return sorted([secret, *rng.sample(pool, self.candidates - 1)])
+
     def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
         """One game per task (see the class docstring for how its secret is chosen)."""
         starts = []
         for task, seed in zip(tasks, seeds, strict=True):
             limit = min(int(task.get("max_guesses", self.max_guesses)), self.max_guesses)
+            secret = self.secret_of(task, seed)
             meta = {
                 **task,
-                "secret": self.secret_of(task, seed),
+                "secret": secret,
                 "history": [],
                 "turns": 0,
                 "max_guesses": limit,
+                "candidates": self.candidates_of(task, seed, secret),
             }
             starts.append(
                 EpisodeStart(
-                    messages=[{"role": "user", "content": instructions(limit)}],
+                    messages=[{"role": "user", "content": instructions(limit, meta["candidates"])}],
                     metadata=meta,
                     stop_strings=STOP_STRINGS,
                     response_prefix="<guess>" if self.guess_prefix else "",
@@ -344,8 +377,11 @@ class WordleEnvironment:
     ) -> tuple[float, Message | None, bool, dict[str, Any], dict[str, Any]]:
         """One sample's turn: (reward, observation, done, new metadata, info)."""
         guess, outcome = parse_guess(reply)
+        listed = meta.get("candidates") or []
         if guess is not None and guess not in self.words.allowed:
             outcome = "not_in_list"
+        elif guess is not None and listed and guess not in listed:
+            outcome = "not_a_candidate"
         turns = meta["turns"] + 1
         history = [list(h) for h in meta["history"]]
         colours = feedback(meta["secret"], guess) if outcome == "valid" and guess else None
@@ -369,7 +405,8 @@ class WordleEnvironment:
             return 1.0 - self.turn_penalty * (turns - 1), None, True, new_meta, info
         if turns >= meta["max_guesses"]:
             return shaped, None, True, new_meta, info
-        text = observation_text(outcome, guess, colours, history, meta["max_guesses"] - turns, self.summary)
+        left = meta["max_guesses"] - turns
+        text = observation_text(outcome, guess, colours, history, left, self.summary, listed)
         return shaped, {"role": "user", "content": text}, False, new_meta, info
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
@@ -392,23 +429,26 @@ class WordleEnvironment:
         return metrics
 
 
-def random_guesser(words: Sequence[str]) -> Policy:
-    """The blind baseline: a uniformly random word of `words` not guessed yet; ignores the feedback."""
-    ordered = sorted(words)
+def random_guesser(words: Sequence[str] = ()) -> Policy:
+    """The blind baseline: a uniformly random word not guessed yet, of `words` (or, when empty, of
+    the game's candidate words); ignores the feedback."""
+    fixed = sorted(words)
 
-    def policy(history: History, rng: random.Random) -> str:
+    def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
         guessed = {g for g, _ in history}
-        return rng.choice([w for w in ordered if w not in guessed])
+        return rng.choice([w for w in fixed or sorted(candidates) if w not in guessed])
 
     return policy
 
 
-def consistent_guesser(words: Sequence[str]) -> Policy:
-    """A reference that reads the feedback: a uniformly random word of `words` that would have given
-    every feedback so far (never a word already guessed; any unguessed word if none is left)."""
-    ordered = sorted(words)
+def consistent_guesser(words: Sequence[str] = ()) -> Policy:
+    """A reference that reads the feedback: a uniformly random word of `words` (or, when empty, of
+    the game's candidate words) that would have given every feedback so far (never a word already
+    guessed; any unguessed word if none is left)."""
+    fixed = sorted(words)
 
-    def policy(history: History, rng: random.Random) -> str:
+    def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
+        ordered = fixed or sorted(candidates)
         guessed = {g for g, _ in history}
         fits = [w for w in ordered if w not in guessed and fits_feedback(w, history)]
         return rng.choice(fits or [w for w in ordered if w not in guessed])
@@ -442,7 +482,8 @@ def _play(
     log, meta, history, rng = list(start.messages), start.metadata, [], random.Random(seed)
     infos = []
     while True:
-        log.append({"role": "assistant", "content": f"<guess>{policy(history, rng)}</guess>"})
+        guess = policy(history, rng, start.metadata["candidates"])
+        log.append({"role": "assistant", "content": f"<guess>{guess}</guess>"})
         result = env.step([log], [meta])
         infos.append(info := result.info[0])
         if info["feedback"] is not None:
