@@ -268,7 +268,8 @@ class WordleEnvironment:
     Metadata: "secret", "history" (valid guesses and their feedback), "turns", "max_guesses",
     "candidates" (the listed words, sorted; empty when the game lists none).
     Info per turn: "guess" (the valid guess or None), "outcome" ("valid", "solved", "no_guess",
-    "several_guesses", "not_a_word", "not_in_list"), "feedback" (colours or None), "solved", "turns",
+    "several_guesses", "not_a_word", "not_in_list", "not_a_candidate"), "feedback" (colours or None),
+    "solved", "turns",
     "fits_feedback" (for a valid guess after an earlier valid one: whether it could be the secret given
     every feedback so far, as `consistent_guesser`'s guesses always can; else None).
     """
