@@ -40,7 +40,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar, Literal
 
@@ -102,12 +102,20 @@ class WordList:
 
     answers: tuple[str, ...]
     allowed: frozenset[str]
+    pools: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # each split's secrets, hashed once per list rather than on every reset
+        pools = {
+            split: tuple(w for w in self.answers if is_heldout(w) == (split == "heldout")) for split in SPLITS
+        }
+        object.__setattr__(self, "pools", pools)
 
     def pool(self, split: str) -> tuple[str, ...]:
         """The secrets of a split: "train" (not `is_heldout`) or "heldout"."""
         if split not in SPLITS:
             raise ValueError(f"unknown Wordle split {split!r}; use one of {SPLITS}")
-        return tuple(w for w in self.answers if is_heldout(w) == (split == "heldout"))
+        return self.pools[split]
 
 
 @cache
@@ -430,14 +438,20 @@ class WordleEnvironment:
         return metrics
 
 
+def _unguessed(fixed: list[str], candidates: Sequence[str], history: History) -> list[str]:
+    """The words a reference player may still guess, sorted: `fixed` (or, when empty, the game's
+    `candidates`) less the guesses of `history`."""
+    guessed = {g for g, _ in history}
+    return [w for w in fixed or sorted(candidates) if w not in guessed]
+
+
 def random_guesser(words: Sequence[str] = ()) -> Policy:
     """The blind baseline: a uniformly random word not guessed yet, of `words` (or, when empty, of
     the game's candidate words); ignores the feedback."""
     fixed = sorted(words)
 
     def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
-        guessed = {g for g, _ in history}
-        return rng.choice([w for w in fixed or sorted(candidates) if w not in guessed])
+        return rng.choice(_unguessed(fixed, candidates, history))
 
     return policy
 
@@ -449,10 +463,8 @@ def consistent_guesser(words: Sequence[str] = ()) -> Policy:
     fixed = sorted(words)
 
     def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
-        ordered = fixed or sorted(candidates)
-        guessed = {g for g, _ in history}
-        fits = [w for w in ordered if w not in guessed and fits_feedback(w, history)]
-        return rng.choice(fits or [w for w in ordered if w not in guessed])
+        left = _unguessed(fixed, candidates, history)
+        return rng.choice([w for w in left if fits_feedback(w, history)] or left)
 
     return policy
 
