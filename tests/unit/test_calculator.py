@@ -14,6 +14,7 @@ import pytest
 from posttrain.environments import ENVIRONMENTS, make_environment
 from posttrain.environments.calculator import (
     PHRASINGS,
+    TRAINING_PHRASINGS,
     CalculatorEnvironment,
     calculator,
     extract_answer,
@@ -264,10 +265,37 @@ def test_families_of_other_sizes_operations_and_phrasings() -> None:
     )
 
 
+def test_a_family_of_both_operations_draws_each_with_its_own_phrasings() -> None:
+    env = CalculatorEnvironment(operation=["*", "+"], phrasings=["what_is", "rows", "total", "more"])
+    assert env.phrasings == {"*": ["what_is", "rows"], "+": ["what_is", "total", "more"]}
+    tasks = env.generate_tasks(400, seed=3)
+    products = [t for t in tasks if "op" not in t]
+    sums = [t for t in tasks if t.get("op") == "+"]
+    assert len(products) + len(sums) == 400 and 150 < len(sums) < 250
+    assert {t.get("phrasing", "what_is") for t in products} == {"what_is", "rows"}
+    assert {t.get("phrasing", "what_is") for t in sums} == {"what_is", "total", "more"}
+    for task, start in zip(tasks[:40], env.reset(tasks[:40], [0] * 40), strict=True):
+        a, b = task["a"], task["b"]
+        assert start.metadata["answer"] == (a + b if task.get("op") == "+" else a * b)
+
+
+def test_training_phrasings_use_none_of_the_held_out_words() -> None:
+    """The recipes train on TRAINING_PHRASINGS; the other phrasings are held out, and no training
+    question contains the word a held-out one turns on."""
+    held_out = {op: set(PHRASINGS[op]) - set(TRAINING_PHRASINGS[op]) for op in PHRASINGS}
+    assert held_out == {"*": {"times", "product", "multiply"}, "+": {"plus", "sum", "add"}}
+    training_text = " ".join(PHRASINGS[op][p] for op in TRAINING_PHRASINGS for p in TRAINING_PHRASINGS[op])
+    words = set(re.findall(r"[a-z]+", training_text.lower()))
+    assert not words & {"times", "product", "multiply", "multiplied", "plus", "sum", "add", "added"}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "task", "message"),
     [
         ({"operation": "-"}, None, "op must be one of"),
+        ({"operation": ["*", "-"]}, None, "op must be one of"),
+        ({"operation": []}, None, "at least one operation"),
+        ({"operation": ["*", "+"], "phrasings": ["plus"]}, None, "operation '\\*' has none of the phrasings"),
         ({"phrasings": ["plus"]}, None, "phrasing 'plus' is not one of"),
         ({"digits": (3,)}, None, "digits must be two digit counts"),
         ({"digits": (0, 2)}, None, "digits must be two digit counts"),

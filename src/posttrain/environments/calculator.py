@@ -165,16 +165,24 @@ PHRASINGS: dict[str, dict[str, str]] = {
         "times": "Compute {a} times {b}.",
         "product": "What is the product of {a} and {b}?",
         "multiply": "Multiply {a} by {b}.",
+        "rows": "A hall has {a} rows of {b} seats. How many seats are there in all?",
     },
     "+": {
         "what_is": "What is {a} + {b}?",
         "plus": "Compute {a} plus {b}.",
         "sum": "What is the sum of {a} and {b}?",
         "add": "Add {a} and {b}.",
+        "total": "What is the total of {a} and {b}?",
+        "more": "Sam has {a} marbles and finds {b} more. How many marbles does Sam have now?",
     },
 }
 """The question of a task per operation and phrasing (its "phrasing" field; "what_is" when absent):
-held-out families ask the same thing in words training never used."""
+held-out families ask the same thing in words training never used. The recipes train on "what_is",
+"rows", "total" and "more" (`TRAINING_PHRASINGS`) and hold out the other six, whose words
+("times", "product", "multiply", "plus", "sum", "add") no training question uses."""
+
+TRAINING_PHRASINGS: dict[str, list[str]] = {"*": ["what_is", "rows"], "+": ["what_is", "total", "more"]}
+"""The phrasings the calculator recipes train on, per operation (see `PHRASINGS`)."""
 
 TOOL_HINT = "You can use the calculator tool. Give your final answer as a number in \\boxed{}."
 
@@ -196,6 +204,26 @@ def task_prompt(a: int, b: int, op: str = "*", phrasing: str = "what_is") -> str
     if phrasing not in PHRASINGS[op]:
         raise ValueError(f"phrasing {phrasing!r} is not one of {sorted(PHRASINGS[op])} for op {op!r}")
     return PHRASINGS[op][phrasing].format(a=a, b=b) + "\n" + TOOL_HINT
+
+
+def family_phrasings(operations: list[str], phrasings: list[str]) -> dict[str, list[str]]:
+    """The phrasings of each operation of a task family: `phrasings` split by the operation whose
+    `PHRASINGS` name them. ValueError for an unknown operation, a phrasing of none of `operations`,
+    or an operation left without a phrasing."""
+    if not operations:
+        raise ValueError("a calculator family needs at least one operation")
+    for op in operations:
+        if op not in PHRASINGS:
+            raise ValueError(f"a calculator task's op must be one of {sorted(PHRASINGS)}, got {op!r}")
+    for phrasing in phrasings:
+        if not any(phrasing in PHRASINGS[op] for op in operations):
+            known = sorted({p for op in operations for p in PHRASINGS[op]})
+            raise ValueError(f"phrasing {phrasing!r} is not one of {known} for operations {operations}")
+    by_op = {op: [p for p in phrasings if p in PHRASINGS[op]] for op in dict.fromkeys(operations)}
+    for op, mine in by_op.items():
+        if not mine:
+            raise ValueError(f"operation {op!r} has none of the phrasings {phrasings}")
+    return by_op
 
 
 def product_prompt(a: int, b: int) -> str:
@@ -222,10 +250,12 @@ class CalculatorEnvironment(ToolEnvironment):
         system_prompt: a system message to begin each episode with (None: the template's default).
         stop_at_tool_call, tools_in_system_prompt, tool_choice, examples,
             describe_tools: see `ToolEnvironment`.
-        operation: the generated tasks' operation, "*" or "+".
+        operation: the generated tasks' operation, "*" or "+", or a list of both (one drawn per
+            task).
         digits: the generated operands' digit counts (a, b).
-        phrasings: the generated tasks' phrasings (keys of `PHRASINGS[operation]`), one drawn per
-            task; None: "what_is" only.
+        phrasings: the generated tasks' phrasings, one drawn per task among those of its operation
+            (keys of `PHRASINGS[op]`; every phrasing must be one of an operation's, and every
+            operation needs one); None: "what_is" only.
     """
 
     required_fields = ("a", "b")
@@ -241,17 +271,16 @@ class CalculatorEnvironment(ToolEnvironment):
         tool_choice: str = "auto",
         examples: list[dict[str, Any]] | None = None,
         describe_tools: bool = True,
-        operation: Literal["*", "+"] = "*",
+        operation: Literal["*", "+"] | list[Literal["*", "+"]] = "*",
         digits: tuple[int, int] = (3, 2),
         phrasings: list[str] | None = None,
     ) -> None:
         self.answer_format = check_answer_format(answer_format)
         if len(digits) != 2 or min(int(d) for d in digits) < 1:
             raise ValueError(f"digits must be two digit counts >= 1, got {digits!r}")
-        self.operation, self.phrasings = operation, list(phrasings or ["what_is"])
         self.digits = (int(digits[0]), int(digits[1]))
-        for phrasing in self.phrasings:
-            task_prompt(1, 1, operation, phrasing)  # an unknown operation or phrasing: ValueError
+        self.operations = [operation] if isinstance(operation, str) else list(operation)
+        self.phrasings = family_phrasings(self.operations, list(phrasings or ["what_is"]))
         super().__init__(
             ToolRegistry([calculator]),
             max_tool_calls=max_tool_calls,
@@ -278,9 +307,11 @@ class CalculatorEnvironment(ToolEnvironment):
                 "a": rng.randint(10 ** (da - 1), 10**da - 1),
                 "b": rng.randint(10 ** (db - 1), 10**db - 1),
             }
-            phrasing = rng.choice(self.phrasings) if len(self.phrasings) > 1 else self.phrasings[0]
-            if self.operation != "*":
-                task["op"] = self.operation
+            op = rng.choice(self.operations) if len(self.operations) > 1 else self.operations[0]
+            phrasings = self.phrasings[op]
+            phrasing = rng.choice(phrasings) if len(phrasings) > 1 else phrasings[0]
+            if op != "*":
+                task["op"] = op
             if phrasing != "what_is":
                 task["phrasing"] = phrasing
             if split is None or task_split(task) == split:
