@@ -392,3 +392,14 @@ def test_train_and_heldout_pools_share_no_operands() -> None:
     assert task_split({"a": 12, "b": 34}) == task_split({"a": 12, "b": 34, "phrasing": "multiply"})
     with pytest.raises(ValueError, match="split must be one of"):
         env.generate_tasks(1, 0, split="test")
+
+
+def test_the_no_example_recipe_trains_on_the_training_phrasings() -> None:
+    """grpo_calculator_no_example.yaml draws its tasks from TRAINING_PHRASINGS, both operations."""
+    import yaml
+
+    config = yaml.safe_load(
+        (Path(__file__).parents[2] / "examples/configs/grpo_calculator_no_example.yaml").read_text()
+    )
+    env = CalculatorEnvironment(**config["environment"]["kwargs"])
+    assert env.phrasings == TRAINING_PHRASINGS
