@@ -7,8 +7,8 @@ prompt (the tool described in it) and question, an assistant turn that calls
 checks that the environment scores it 1). `posttrain sft` reads the files as `data.train.path` and
 `data.validation.path`:
 
-    PRODUCTS='{"tools_in_system_prompt": true, "answer_format": "boxed"}'
-    SUMS='{"tools_in_system_prompt": true, "answer_format": "boxed", "operation": "+"}'
+    PRODUCTS='{"tools_in_system_prompt": true, "answer_format": "boxed", "phrasings": ["what_is", "rows"]}'
+    SUMS='{"tools_in_system_prompt": true, "answer_format": "boxed", "operation": "+", "phrasings": ["what_is", "total", "more"]}'
     python examples/calculator_transcripts.py data/calculator_sft.jsonl --count 2000 \\
         --env "$PRODUCTS" --env "$SUMS"
     python examples/calculator_transcripts.py data/calculator_sft_val.jsonl --count 64 --seed 99999 \\

@@ -10,6 +10,7 @@ import runpy
 from pathlib import Path
 
 import pytest
+import yaml
 
 from posttrain.environments import ENVIRONMENTS, make_environment
 from posttrain.environments.calculator import (
@@ -396,8 +397,6 @@ def test_train_and_heldout_pools_share_no_operands() -> None:
 
 def test_the_no_example_recipe_trains_on_the_training_phrasings() -> None:
     """grpo_calculator_no_example.yaml draws its tasks from TRAINING_PHRASINGS, both operations."""
-    import yaml
-
     config = yaml.safe_load(
         (Path(__file__).parents[2] / "examples/configs/grpo_calculator_no_example.yaml").read_text()
     )

@@ -197,10 +197,16 @@ def task_split(task: dict[str, Any]) -> str:
     return "heldout" if zlib.crc32(key) % 8 == 0 else "train"
 
 
-def task_prompt(a: int, b: int, op: str = "*", phrasing: str = "what_is") -> str:
-    """The user turn of a task: the question, then the tool hint."""
+def check_op(op: str) -> str:
+    """`op` when it is an operation of `PHRASINGS`, else ValueError."""
     if op not in PHRASINGS:
         raise ValueError(f"a calculator task's op must be one of {sorted(PHRASINGS)}, got {op!r}")
+    return op
+
+
+def task_prompt(a: int, b: int, op: str = "*", phrasing: str = "what_is") -> str:
+    """The user turn of a task: the question, then the tool hint."""
+    check_op(op)
     if phrasing not in PHRASINGS[op]:
         raise ValueError(f"phrasing {phrasing!r} is not one of {sorted(PHRASINGS[op])} for op {op!r}")
     return PHRASINGS[op][phrasing].format(a=a, b=b) + "\n" + TOOL_HINT
@@ -213,8 +219,7 @@ def family_phrasings(operations: list[str], phrasings: list[str]) -> dict[str, l
     if not operations:
         raise ValueError("a calculator family needs at least one operation")
     for op in operations:
-        if op not in PHRASINGS:
-            raise ValueError(f"a calculator task's op must be one of {sorted(PHRASINGS)}, got {op!r}")
+        check_op(op)
     for phrasing in phrasings:
         if not any(phrasing in PHRASINGS[op] for op in operations):
             known = sorted({p for op in operations for p in PHRASINGS[op]})
@@ -307,9 +312,8 @@ class CalculatorEnvironment(ToolEnvironment):
                 "a": rng.randint(10 ** (da - 1), 10**da - 1),
                 "b": rng.randint(10 ** (db - 1), 10**db - 1),
             }
-            op = rng.choice(self.operations) if len(self.operations) > 1 else self.operations[0]
-            phrasings = self.phrasings[op]
-            phrasing = rng.choice(phrasings) if len(phrasings) > 1 else phrasings[0]
+            op = _draw(rng, self.operations)
+            phrasing = _draw(rng, self.phrasings[op])
             if op != "*":
                 task["op"] = op
             if phrasing != "what_is":
@@ -331,6 +335,12 @@ class CalculatorEnvironment(ToolEnvironment):
     def score(self, reply: str, metadata: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         """1.0 when the reply's answer equals metadata["answer"], else 0.0."""
         return score_number_answer(reply, metadata["answer"], self.answer_format)
+
+
+def _draw(rng: random.Random, options: list[str]) -> str:
+    """One of `options`; a single option draws nothing from `rng` (`choice` would), so that a family
+    of one operation and one phrasing draws the operands it always drew."""
+    return rng.choice(options) if len(options) > 1 else options[0]
 
 
 def oracle_transcript(env: CalculatorEnvironment, task: dict[str, Any]) -> list[Message]:
