@@ -288,6 +288,10 @@ def test_training_phrasings_use_none_of_the_held_out_words() -> None:
     training_text = " ".join(PHRASINGS[op][p] for op in TRAINING_PHRASINGS for p in TRAINING_PHRASINGS[op])
     words = set(re.findall(r"[a-z]+", training_text.lower()))
     assert not words & {"times", "product", "multiply", "multiplied", "plus", "sum", "add", "added"}
+    # "What is the X of ... a and b?" is asked of both operations, so its shape decides neither
+    of_shape = re.compile(r"^What is the \w+ of .*\{a\} and \{b\}\?$")
+    for op in TRAINING_PHRASINGS:
+        assert any(of_shape.match(PHRASINGS[op][p]) for p in TRAINING_PHRASINGS[op]), op
 
 
 @pytest.mark.parametrize(

@@ -166,6 +166,7 @@ PHRASINGS: dict[str, dict[str, str]] = {
         "product": "What is the product of {a} and {b}?",
         "multiply": "Multiply {a} by {b}.",
         "rows": "A hall has {a} rows of {b} seats. How many seats are there in all?",
+        "area": "What is the area of a rectangle with sides {a} and {b}?",
     },
     "+": {
         "what_is": "What is {a} + {b}?",
@@ -178,10 +179,15 @@ PHRASINGS: dict[str, dict[str, str]] = {
 }
 """The question of a task per operation and phrasing (its "phrasing" field; "what_is" when absent):
 held-out families ask the same thing in words training never used. The recipes train on "what_is",
-"rows", "total" and "more" (`TRAINING_PHRASINGS`) and hold out the other six, whose words
-("times", "product", "multiply", "plus", "sum", "add") no training question uses."""
+"rows", "area", "total" and "more" (`TRAINING_PHRASINGS`) and hold out the other six, whose words
+("times", "product", "multiply", "plus", "sum", "add") no training question uses. "area" gives the
+products a "What is the X of ... a and b?" question, the shape of the sums' "total": without it that
+shape alone could decide the operation ("What is the product of a and b?" was once answered a + b)."""
 
-TRAINING_PHRASINGS: dict[str, list[str]] = {"*": ["what_is", "rows"], "+": ["what_is", "total", "more"]}
+TRAINING_PHRASINGS: dict[str, list[str]] = {
+    "*": ["what_is", "rows", "area"],
+    "+": ["what_is", "total", "more"],
+}
 """The phrasings the calculator recipes train on, per operation (see `PHRASINGS`)."""
 
 TOOL_HINT = "You can use the calculator tool. Give your final answer as a number in \\boxed{}."
