@@ -1,18 +1,21 @@
 """GRPO on a tiny random model: logprob agreement, split invariance, and short runs in every placement."""
 
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from posttrain.algorithms.rl_loss import grpo_loss, positive_tokens
 from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
+from posttrain.config.loss import LossConfig
 from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor import ActorPolicy
 from posttrain.generation.sampling import SamplingParams
 from posttrain.rollout.rollout import build_rl_batch
 from posttrain.trainers.grpo import run_grpo
+from posttrain.trainers.rl.batch import gradient_rows
 
 
 def _policy(tiny_model_dir, micro=8, **kw) -> ActorPolicy:
@@ -82,6 +85,32 @@ def test_grpo_step_is_split_invariant(tiny_model_dir, tokenizer):
             assert (pa[name] - pb[name]).norm() <= 1e-10 * pb[name].norm(), name
 
 
+def test_skipping_zero_advantage_rows_gives_the_same_step(tiny_model_dir, tokenizer):
+    """In float64: training on the rows `gradient_rows` keeps (4 of 8: the others' advantages are 0)
+    with the whole batch's normaliser is the whole batch's step, to rounding; the guard shows the
+    check can fail (the kept rows' own token count as the normaliser gives another step)."""
+    batch = _sampled_batch(_policy(tiny_model_dir), tokenizer)
+    batch.advantages = torch.tensor([1.0, -1.0, 0.0, 0.0, 2.0, -2.0, 0.0, 0.0])
+    kept = gradient_rows(SimpleNamespace(loss=LossConfig()), batch, world_size=1)
+    assert len(kept) == 4 and kept.advantages.tolist() == [1.0, -1.0, 2.0, -2.0]
+    tokens = float(batch.loss_mask.sum())
+    assert float(kept.loss_mask.sum()) < tokens
+
+    def step(rows, normalizer):
+        policy = _policy(tiny_model_dir, micro=2)
+        policy.model.double()  # in place: the optimizer keeps the same parameters
+        loss_fn = functools.partial(grpo_loss, token_normalizer=float(rows.loss_mask.sum()), kl_beta=0.0)
+        return policy.train(rows, loss_fn, normalizer), policy.state_dict_cpu()
+
+    (full, p_full), (part, p_part) = step(batch, tokens), step(kept, tokens)
+    assert full.grad_norm > 0 and part.grad_norm == pytest.approx(full.grad_norm, rel=1e-12)
+    assert part.loss_metrics["pg_loss"] == pytest.approx(full.loss_metrics["pg_loss"], rel=1e-10, abs=1e-14)
+    for name in p_full:
+        assert (p_full[name] - p_part[name]).norm() <= 1e-10 * p_full[name].norm(), name
+    wrong, _ = step(kept, float(kept.loss_mask.sum()))
+    assert wrong.grad_norm > full.grad_norm * (1 + 1e-3)
+
+
 def _grpo_cfg(tiny_model_dir, run_dir, **extra) -> GRPOConfig:
     from conftest import grpo_test_config
 
@@ -93,6 +122,7 @@ def _check_run(result, steps=2, plots=False):
     assert [h["step"] for h in train] == list(range(1, steps + 1))
     assert all(1.0 <= h["token_mult_prob_error"] <= 1.01 for h in train)
     assert all(h["timing/generation"] > 0 and h["timing/training"] > 0 for h in train)
+    assert all(0.0 <= h["skipped_row_fraction"] < 1.0 for h in train)
     assert [h["step"] for h in result.history if "val/accuracy" in h] == [0, steps]
     assert result.last_checkpoint.name == f"step_{steps:06d}"
     assert (result.run_dir / "plots" / "reward_mean.png").is_file() == plots

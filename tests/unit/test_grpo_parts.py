@@ -13,7 +13,7 @@ from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.rollout.rollout import RLBatch, Rollouts
 from posttrain.trainers.grpo import GRPOTrainer
-from posttrain.trainers.rl.batch import loss_normalizers
+from posttrain.trainers.rl.batch import gradient_rows, loss_normalizers, rows_with_gradient
 from posttrain.trainers.rl.collect import collect_groups
 
 
@@ -111,6 +111,67 @@ def test_normalizers_count_only_sequences_in_the_loss(aggregation, expected):
     assert loss_normalizers(cfg, batch) == expected
 
 
+# --- rows with a gradient -------------------------------------------------------------------------
+
+
+def _rows_batch(advantages: torch.Tensor, **extra) -> RLBatch:
+    # 5 rows; row 3 has no loss token (an unscored sample, the overlong filter)
+    batch = _batch([[0, 1, 1, 0], [0, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 1, 0]])
+    batch.advantages = advantages
+    batch.input_ids = torch.arange(5)[:, None].expand(5, 4).clone()  # row i holds i: see the order
+    for name, value in extra.items():
+        setattr(batch, name, value)
+    return batch
+
+
+def _loss_cfg(**loss) -> SimpleNamespace:
+    return SimpleNamespace(loss=LossConfig(**loss))
+
+
+@pytest.mark.parametrize(
+    "loss, reference, expected",
+    [
+        ({}, False, [True, False, True, False, False]),  # rows 1 and 4: advantage 0; row 3: no token
+        ({"skip_zero_advantage_rows": False}, False, [True] * 5),
+        ({"kl_beta": 0.1}, True, [True, True, True, False, True]),  # the KL term has a gradient there
+        ({"kl_beta": 0.1, "kl_in_reward": True}, False, [True, False, True, False, False]),
+        ({}, True, [True, True, True, False, True]),  # reference logprobs: the kl metric covers them
+        ({"positive_example_nll_weight": 0.1}, False, [True, True, True, False, True]),
+    ],
+)
+def test_rows_with_gradient(loss, reference, expected):
+    extra = {"reference_logprobs": torch.zeros(5, 4)} if reference else {}
+    batch = _rows_batch(torch.tensor([1.0, 0.0, -0.5, 2.0, 0.0]), **extra)
+    assert rows_with_gradient(_loss_cfg(**loss), batch).tolist() == expected
+
+
+def test_rows_with_gradient_per_token_advantages_count_loss_tokens_only():
+    advantages = torch.zeros(5, 4)
+    advantages[0, 0] = 3.0  # a prompt position: not a loss token, so row 0 has no gradient
+    advantages[2, 1] = -1.0
+    advantages[4, 2] = 0.5
+    batch = _rows_batch(advantages)
+    assert rows_with_gradient(_loss_cfg(), batch).tolist() == [False, False, True, False, True]
+
+
+@pytest.mark.parametrize(
+    "advantages, world_size, rows",
+    [
+        ([1.0, 0.0, -0.5, 2.0, 0.0], 1, [0, 2]),
+        ([1.0, 0.0, -0.5, 2.0, 0.0], 4, [0, 2, 1, 3]),  # topped up with dropped rows, in order
+        ([0.0, 0.0, 0.0, 0.0, 0.0], 1, [0]),  # none has a gradient: the optimizer still steps
+        ([0.0, 0.0, 0.0, 0.0, 0.0], 2, [0, 1]),
+        ([1.0, 1.0, 1.0, 1.0, 1.0], 2, [0, 1, 2, 4]),  # row 3 has no loss token
+    ],
+)
+def test_gradient_rows_keep_order_and_fill_the_workers(advantages, world_size, rows):
+    batch = _rows_batch(torch.tensor(advantages))
+    kept = gradient_rows(_loss_cfg(), batch, world_size)
+    assert kept.input_ids[:, 0].tolist() == rows
+    assert kept.advantages.tolist() == [advantages[i] for i in rows]
+    assert kept.loss_mask.tolist() == [batch.loss_mask[i, : kept.loss_mask.shape[1]].tolist() for i in rows]
+
+
 # --- loss knobs and the engine-mismatch metrics ---------------------------------------------------
 
 
@@ -120,7 +181,7 @@ def test_loss_knobs_leave_trainer_fields_out():
     assert loss_knobs(LossConfig(kl_beta=0.1))["kl_beta"] == 0.1
     cispo = loss_knobs(LossConfig(policy_loss="cispo", clip_low=1.0, clip_high=0.28))
     assert "dual_clip" not in cispo and "ratio_level" not in cispo and "disable_ppo_ratio" not in cispo
-    trainer_only = {"kl_in_reward", "seq_logprob_error_threshold"}
+    trainer_only = {"kl_in_reward", "seq_logprob_error_threshold", "skip_zero_advantage_rows"}
     assert loss_knobs(GRPOConfig().loss) == {**GRPOConfig().loss.model_dump(exclude=trainer_only)}
 
 

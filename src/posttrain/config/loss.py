@@ -83,6 +83,15 @@ class LossConfig(Strict):
         "as logprob_error/dropped_sequences. Use it when a few sequences' engine logprobs are broken; "
         "null: off (the error is only logged).",
     )
+    skip_zero_advantage_rows: bool = Field(
+        True,
+        description="Leave out of the policy's forward and backward the rows whose gradient is exactly 0: "
+        "no loss token, or (the loss being the advantage-weighted term alone: no KL term or reference "
+        "logprobs, no positive-example NLL) advantages 0 on every loss token, e.g. a GRPO group whose "
+        "rewards are all equal. The step is the same (the normalisers stay the batch's), the compute "
+        "less; the loss's token means (clip fraction, ratios, engine mismatch) are then over the rows "
+        "trained. Logged: skipped_row_fraction. false: train every row.",
+    )
     positive_example_nll_weight: float = Field(
         0.0,
         ge=0,

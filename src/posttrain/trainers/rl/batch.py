@@ -90,20 +90,63 @@ def add_mean(metrics: dict[str, float], out: TrainResult, updates: int, prefix: 
     metrics[prefix + "lr"] = out.lr
 
 
+def rows_with_gradient(cfg: Any, batch: RLBatch) -> torch.Tensor:
+    """[B] bool: the rows whose loss can have a non-zero gradient. A row without a loss token never
+    has one. When the loss is the advantage-weighted term alone (kl_beta = 0 or the KL in the
+    reward, no reference logprobs in the batch, positive_example_nll_weight = 0), neither has a row
+    whose advantages are 0 on all its loss tokens: every policy loss multiplies each token's term
+    by its advantage (a GRPO group whose rewards are all equal). All rows when
+    loss.skip_zero_advantage_rows is off."""
+    loss = cfg.loss
+    if not loss.skip_zero_advantage_rows:
+        return torch.ones(len(batch), dtype=torch.bool)
+    mask = batch.loss_mask != 0
+    keep = mask.any(-1)
+    kl_in_loss = loss.kl_beta > 0 and not loss.kl_in_reward
+    if kl_in_loss or batch.reference_logprobs is not None or loss.positive_example_nll_weight > 0:
+        return keep
+    advantages = batch.advantages
+    if advantages.dim() == 1:
+        return keep & (advantages != 0)
+    return keep & ((advantages != 0) & mask).any(-1)
+
+
+def gradient_rows(cfg: Any, batch: RLBatch, world_size: int) -> RLBatch:
+    """The rows of `batch` that `rows_with_gradient` keeps, in order, topped up with rows it drops
+    (their gradient is 0) to a positive multiple of `world_size`, so that the data-parallel workers
+    get equal shards and the optimizer still steps (AdamW moves on a zero gradient: its moments). The
+    step equals the whole batch's when the caller keeps the whole batch's loss normalisers."""
+    keep = rows_with_gradient(cfg, batch)
+    kept = [i for i, k in enumerate(keep.tolist()) if k]
+    if len(kept) == len(batch):
+        return batch
+    dropped = [i for i, k in enumerate(keep.tolist()) if not k]
+    count = max(world_size, -(-len(kept) // world_size) * world_size)
+    return batch.reorder(kept + dropped).select(0, count)
+
+
 def policy_updates(
     policy: PolicyGroup, cfg: Any, minibatches: Iterable[RLBatch], updates: int
 ) -> dict[str, float]:
     """One optimizer step of the policy per minibatch on GRPO's clipped surrogate (`grpo_loss` with
-    every loss.* knob), normalised by the minibatch's global counts (`loss_normalizers`). Metrics:
-    means over the `updates` steps (`add_mean`), the learning rate the last one's."""
+    every loss.* knob), normalised by the minibatch's global counts (`loss_normalizers`), on the
+    minibatch's rows that have a gradient (`gradient_rows`: the same step, less compute). Metrics:
+    means over the `updates` steps (`add_mean`), the learning rate the last one's; the loss's token
+    means (clip fraction, ratios, engine mismatch) are over the rows trained, and
+    `skipped_row_fraction` is the share of rows left out."""
     metrics: dict[str, float] = {}
     knobs = loss_knobs(cfg.loss)
     for mb in minibatches:
-        normalizer, tokens = loss_normalizers(cfg, mb)
+        normalizer, _ = loss_normalizers(cfg, mb)
+        trained = gradient_rows(cfg, mb, policy.world_size)
+        tokens = max(1.0, float(trained.loss_mask.sum()))
         loss_fn = functools.partial(
             grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb), **knobs
         )
-        add_mean(metrics, policy.train(mb, loss_fn, normalizer), updates)
+        add_mean(metrics, policy.train(trained, loss_fn, normalizer), updates)
+        metrics["skipped_row_fraction"] = metrics.get("skipped_row_fraction", 0.0) + (
+            1 - len(trained) / len(mb)
+        ) / updates
     return metrics
 
 
