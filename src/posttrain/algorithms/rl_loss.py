@@ -96,7 +96,9 @@ def positive_tokens(batch: PolicyLossBatch) -> float:
     return float((batch.loss_mask * (batch.rewards > 0).to(batch.loss_mask.dtype)[:, None]).sum())
 
 
-TRAINER_ONLY_LOSS_FIELDS = frozenset({"kl_in_reward", "seq_logprob_error_threshold", "skip_zero_advantage_rows"})
+TRAINER_ONLY_LOSS_FIELDS = frozenset(
+    {"kl_in_reward", "seq_logprob_error_threshold", "skip_zero_advantage_rows"}
+)
 """LossConfig fields the trainer acts on; they are not arguments of the pure loss functions."""
 
 

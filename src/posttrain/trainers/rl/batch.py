@@ -144,9 +144,9 @@ def policy_updates(
             grpo_loss, token_normalizer=tokens, positive_normalizer=positive_tokens(mb), **knobs
         )
         add_mean(metrics, policy.train(trained, loss_fn, normalizer), updates)
-        metrics["skipped_row_fraction"] = metrics.get("skipped_row_fraction", 0.0) + (
-            1 - len(trained) / len(mb)
-        ) / updates
+        metrics["skipped_row_fraction"] = (
+            metrics.get("skipped_row_fraction", 0.0) + (1 - len(trained) / len(mb)) / updates
+        )
     return metrics
 
 
