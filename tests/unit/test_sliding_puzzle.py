@@ -6,16 +6,19 @@ from __future__ import annotations
 import pytest
 
 from posttrain.environments import ENVIRONMENTS, EpisodeStart, make_environment
-from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, parse_action
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, oracle_transcript, parse_action
 from posttrain.environments.sliding_puzzle_board import (
     IllegalMove,
     apply_action,
+    check_labels,
+    is_heldout,
     is_solved,
     legal_directions,
     render,
     shuffled_grid,
     solve_bfs,
     solved_grid,
+    task_grid,
     tiles_in_place,
 )
 
@@ -280,3 +283,85 @@ def test_registered_and_validates_config() -> None:
         SlidingPuzzleEnvironment(min_size=1)
     with pytest.raises(ValueError, match="min_size"):
         SlidingPuzzleEnvironment(min_size=4, max_size=3)
+
+
+# --- relabelled tiles and the goal drawn as a board --------------------------------------------------
+
+REVERSED = [8, 7, 6, 5, 4, 3, 2, 1]  # tile t shown as 9 - t
+
+
+def test_render_with_labels_shows_each_tile_as_its_label() -> None:
+    assert render(ONE_LEFT, REVERSED).splitlines()[2:5] == ["1 | 8 7 6 |", "2 | 5 4 3 |", "3 | 2 _ 1 |"]
+    assert render(ONE_LEFT, None) == render(ONE_LEFT)
+    with pytest.raises(ValueError, match="permutation of 1..8"):
+        check_labels([1, 2, 3, 4, 5, 6, 7, 7], 3)
+
+
+def test_relabelled_tasks_draw_labels_and_keep_the_board_split() -> None:
+    env = SlidingPuzzleEnvironment(
+        min_size=3, max_size=3, max_shuffle_moves=5, goal_board=True, relabel_tiles=True
+    )
+    tasks = env.generate_tasks(50, seed=4, split="train")
+    assert tasks == env.generate_tasks(50, seed=4, split="train")
+    identity = list(range(1, 9))
+    assert all(sorted(t["labels"]) == identity and t["labels"] != identity for t in tasks)
+    assert len({tuple(t["labels"]) for t in tasks}) == 50
+    assert not any(is_heldout(task_grid(t)) for t in tasks)  # the split is the board's, as without labels
+
+
+def test_a_relabelled_episode_shows_labels_in_the_goal_the_board_and_the_observations() -> None:
+    env = SlidingPuzzleEnvironment(min_size=3, max_size=3, redraw_board=True, goal_board=True)
+    task = {"size": 3, "shuffle_moves": 1, "puzzle_seed": 0, "labels": REVERSED}
+    [start] = env.reset([task], [0])
+    grid = start.metadata["grid"]
+    first = start.messages[0]["content"]
+    assert "Goal: make the board look like this:\n" + render(SOLVED_3, REVERSED) + "\n\nBoard:\n" in first
+    assert "Board:\n" + render(grid, REVERSED) in first and "tiles 1 to 8 in order" not in first
+    [move] = solve_bfs(grid)
+    illegal = next(d for d in ("up", "down", "left", "right") if d not in legal_directions(grid))
+    out = env.step([reply(f"<action>{illegal}</action>", start)], [start.metadata])
+    assert out.rewards == [0.0] and out.observations[0]["content"].endswith("\n" + render(grid, REVERSED))
+    out = env.step([reply(f"<action>{move}</action>", start)], [start.metadata])
+    assert out.rewards == [1.0] and out.done == [True]
+
+
+def test_a_move_message_names_the_tile_by_its_label() -> None:
+    env = SlidingPuzzleEnvironment(min_size=3, max_size=3, goal_board=True)
+    task = {"size": 3, "shuffle_moves": 1, "puzzle_seed": 0, "labels": REVERSED}
+    [start] = env.reset([task], [0])
+    meta = {**start.metadata, "grid": [[1, 2, 3], [4, 5, 6], [0, 7, 8]]}  # tile 7 can slide left
+    out = env.step([reply("<action>left</action>", start)], [meta])
+    assert out.observations[0]["content"] == "Moved tile 2 left."  # tile 7 is shown as 2
+    meta = {**start.metadata, "grid": [[1, 2, 3], [4, 0, 5], [7, 8, 6]]}
+    out = env.step([reply("<action>slide 2 3</action>", start)], [meta])
+    assert out.observations[0]["content"] == "Slid tile 4 into the empty square."  # 5 is shown as 4
+
+
+def test_relabelled_oracle_transcripts_solve_their_puzzles() -> None:
+    env = SlidingPuzzleEnvironment(
+        min_size=3, max_size=3, max_shuffle_moves=7, redraw_board=True, goal_board=True, relabel_tiles=True
+    )
+    for task in env.generate_tasks(20, seed=2, split="train"):
+        messages = oracle_transcript(env, task, hide_heldout=False)
+        [start] = env.reset([task], [0])
+        meta = start.metadata
+        for message in messages[1:]:
+            if message["role"] == "assistant":
+                out = env.step([[*start.messages, message]], [meta])
+                meta = out.metadata[0]
+        assert is_solved(meta["grid"])
+        boards = [m["content"] for m in messages if m["role"] == "user"]
+        assert all(render(SOLVED_3) not in b for b in boards)  # the plain goal is never drawn
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "task", "message"),
+    [
+        ({"relabel_tiles": True}, None, "relabel_tiles needs goal_board"),
+        ({}, {"size": 3, "shuffle_moves": 1, "labels": [2, 1, 3, 4, 5, 6, 7, 8]}, "needs goal_board"),
+        ({"goal_board": True}, {"size": 3, "shuffle_moves": 1, "labels": [1, 2, 3]}, "permutation of 1..8"),
+    ],
+)
+def test_relabelling_errors(kwargs, task, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SlidingPuzzleEnvironment(**kwargs).reset([task], [0])

@@ -49,14 +49,17 @@ from posttrain.environments.sliding_puzzle_board import (
     IllegalMove,
     apply_action,
     blind_solved_rate,
+    check_labels,
     is_heldout,
     is_solved,
     legal_directions,
     move_is_optimal,
     oracle_moves,
+    random_labels,
     render,
     shuffled_grid,
     solution_length,
+    solved_grid,
     task_grid,
     tiles_in_place,
 )
@@ -82,14 +85,21 @@ def parse_action(text: str) -> str | None:
     return lower[start : end if end >= 0 else len(lower)].strip()
 
 
-def instructions(grid: Grid) -> str:
-    """The first user message: the rules, the board and the action format."""
+def instructions(grid: Grid, labels: list[int] | None = None, goal_board: bool = False) -> str:
+    """The first user message: the rules, the goal (in words, or with `goal_board` drawn as a board:
+    needed when the tiles are relabelled), the board and the action format."""
     size = len(grid)
+    if goal_board:
+        goal = f"Goal: make the board look like this:\n{render(solved_grid(size), labels)}\n\n"
+    else:
+        goal = (
+            f"Goal: the tiles 1 to {size * size - 1} in order, left to right and top to bottom, "
+            f"with the empty square (_) in the bottom right corner.\n\n"
+        )
     return (
         f"Let's play the sliding puzzle on a {size}x{size} board.\n"
-        f"Goal: the tiles 1 to {size * size - 1} in order, left to right and top to bottom, "
-        f"with the empty square (_) in the bottom right corner.\n\n"
-        f"Board:\n{render(grid)}\n\n"
+        f"{goal}"
+        f"Board:\n{render(grid, labels)}\n\n"
         "Each turn, make one move by sliding a tile next to the empty square into it:\n"
         "- up, down, left, right: slide a tile in that direction (up moves the tile below the empty "
         "square up)\n"
@@ -126,6 +136,14 @@ class SlidingPuzzleEnvironment:
             not generated), so the model writes only the move. A small model that never writes the
             tag itself (SmolLM2-135M-Instruct: 1 reply in 256 at temperature 1) then explores moves
             from the first step.
+        goal_board: the first message draws the goal as a board ("make the board look like this")
+            instead of describing it in words.
+        relabel_tiles: `generate_tasks` gives every task a random relabelling of its tiles ("labels",
+            never the identity; needs `goal_board`): the player sees tile t as labels[t - 1] on the
+            board, in the goal and in the observations, and must compare the two boards to know which
+            tiles are out of place. The board's state, rules, solver and splits are those of the
+            tiles 1..n²-1. A task's own "labels" is used with or without this flag (it then also
+            needs `goal_board`); a task without one shows the tiles as they are.
         blind_baseline: `batch_metrics` also reports `env/blind_solved_rate`, the solved rate of the
             best fixed action sequence (`best_blind_sequence`) on the boards that the batch's
             episodes started from, within each episode's `max_moves` (at most `MAX_BLIND_MOVES`: the
@@ -152,6 +170,8 @@ class SlidingPuzzleEnvironment:
         action_prefix: bool = False,
         min_solution_moves: int = 1,
         blind_baseline: bool = False,
+        goal_board: bool = False,
+        relabel_tiles: bool = False,
     ) -> None:
         if not 2 <= min_size <= max_size:
             raise ValueError(f"need 2 <= min_size <= max_size, got min_size={min_size} max_size={max_size}")
@@ -180,8 +200,15 @@ class SlidingPuzzleEnvironment:
         self.redraw_board = redraw_board
         self.shaped_reward = shaped_reward
         self.action_prefix = action_prefix
+        if relabel_tiles and not goal_board:
+            raise ValueError(
+                "relabel_tiles needs goal_board=true: with relabelled tiles the goal in words ('the tiles "
+                "1 to 8 in order') is not the board to reach"
+            )
         self.min_solution_moves = min_solution_moves
         self.blind_baseline = blind_baseline
+        self.goal_board = goal_board
+        self.relabel_tiles = relabel_tiles
 
     def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
         """`count` puzzles drawn from `seed`: size, an odd shuffle length and the board's own seed.
@@ -212,7 +239,10 @@ class SlidingPuzzleEnvironment:
         size = rng.randint(self.min_size, self.max_size)
         shuffle_moves = rng.randint(1, self.max_shuffle_moves)
         shuffle_moves += 1 - shuffle_moves % 2
-        return {"size": size, "shuffle_moves": shuffle_moves, "puzzle_seed": rng.randrange(2**31)}
+        task = {"size": size, "shuffle_moves": shuffle_moves, "puzzle_seed": rng.randrange(2**31)}
+        if self.relabel_tiles:
+            task["labels"] = random_labels(size, rng)
+        return task
 
     def _keeps(self, task: dict[str, Any], split: str | None) -> bool:
         """Whether a drawn task's board is in `split` (any, for None) and far enough from solved."""
@@ -230,24 +260,37 @@ class SlidingPuzzleEnvironment:
         """One episode per task; a task without "puzzle_seed" uses the episode's seed."""
         starts = []
         for task, seed in zip(tasks, seeds, strict=True):
-            grid = shuffled_grid(
-                int(task["size"]), int(task["shuffle_moves"]), int(task.get("puzzle_seed", seed))
-            )
+            size = int(task["size"])
+            grid = shuffled_grid(size, int(task["shuffle_moves"]), int(task.get("puzzle_seed", seed)))
+            labels = self._labels(task, size)
             metadata = {
                 **task,
                 "grid": grid,
                 "moves": 0,
                 "max_moves": min(int(task.get("max_moves", self.max_moves)), self.max_moves),
             }
+            if labels is not None:
+                metadata["labels"] = labels
             starts.append(
                 EpisodeStart(
-                    messages=[{"role": "user", "content": instructions(grid)}],
+                    messages=[{"role": "user", "content": instructions(grid, labels, self.goal_board)}],
                     metadata=metadata,
                     stop_strings=STOP_STRINGS,
                     response_prefix="<action>" if self.action_prefix else "",
                 )
             )
         return starts
+
+    def _labels(self, task: dict[str, Any], size: int) -> list[int] | None:
+        """The task's tile labels (checked), or None to show the tiles as they are."""
+        if task.get("labels") is None:
+            return None
+        if not self.goal_board:
+            raise ValueError(
+                "a task with tile labels needs goal_board=true (the goal in words names the tiles 1 to "
+                f"{size * size - 1} in order): {task}"
+            )
+        return check_labels(task["labels"], size)
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvStepResult:
         turns = [self._turn(log, meta) for log, meta in zip(message_logs, metadata, strict=True)]
@@ -278,8 +321,11 @@ class SlidingPuzzleEnvironment:
             outcome, text, show_board = "view", "Here is the board.", True
         else:
             try:
+                moved_from = grid
                 grid, text = apply_action(grid, action)
                 outcome = "moved"
+                if meta.get("labels") is not None:
+                    text = _relabel_move_text(text, moved_from, grid, meta["labels"])
             except IllegalMove as e:
                 outcome = "illegal"
                 text = f"{e} No move made. Legal moves now: {', '.join(legal_directions(grid))}."
@@ -294,7 +340,7 @@ class SlidingPuzzleEnvironment:
         if done:
             return self.shaped_reward * tiles_in_place(grid), None, True, new_meta, info
         if show_board:
-            text += f"\n\n{render(grid)}"
+            text += f"\n\n{render(grid, meta.get('labels'))}"
         return 0.0, {"role": "user", "content": text}, False, new_meta, info
 
     def _first_turn_info(self, meta: dict[str, Any], grid: Grid) -> dict[str, Any]:
@@ -330,6 +376,13 @@ class SlidingPuzzleEnvironment:
                 [i["start_grid"] for i in starts], [i["max_moves"] for i in starts]
             )
         return metrics
+
+
+def _relabel_move_text(text: str, before: Grid, after: Grid, labels: list[int]) -> str:
+    """A move's message ("Moved tile 5 up.", "Slid tile 5 into ...") with the moved tile's label."""
+    r, c = next((r, c) for r, row in enumerate(before) for c, v in enumerate(row) if v == 0)
+    tile = after[r][c]
+    return text.replace(f"tile {tile} ", f"tile {labels[tile - 1]} ", 1)
 
 
 def oracle_transcript(

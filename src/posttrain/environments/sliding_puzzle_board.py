@@ -95,8 +95,9 @@ def apply_action(grid: Grid, action: str) -> tuple[Grid, str]:
     raise IllegalMove(f"Unknown action {action.strip()!r}.")
 
 
-def render(grid: Grid) -> str:
-    """The board as text: 1-based row and column labels, `_` for the empty square.
+def render(grid: Grid, labels: Sequence[int] | None = None) -> str:
+    """The board as text: 1-based row and column labels, `_` for the empty square; tile t shown as
+    `labels[t - 1]` when `labels` is given (a relabelled board, see `check_labels`).
 
     A 2×2 board [[1, 0], [3, 2]] renders as (one line per row, no trailing spaces)::
 
@@ -110,7 +111,8 @@ def render(grid: Grid) -> str:
     width = len(str(size * size - 1))
 
     def cell(value: int) -> str:
-        return (str(value) if value else "_").rjust(width)
+        shown = value if labels is None or not value else labels[value - 1]
+        return (str(shown) if value else "_").rjust(width)
 
     label_width = len(str(size))
     pad = " " * label_width
@@ -121,6 +123,25 @@ def render(grid: Grid) -> str:
         for r, row in enumerate(grid)
     ]
     return "\n".join([header, border, *rows, border])
+
+
+def check_labels(labels: Sequence[int], size: int) -> list[int]:
+    """`labels` as a list when it is a permutation of 1..size²-1 (tile t is shown as labels[t - 1]),
+    else ValueError. The board's state stays tiles 1..size²-1 (its rules and solver are unchanged);
+    only what the player sees is relabelled, the goal included."""
+    labels = [int(x) for x in labels]
+    if sorted(labels) != list(range(1, size * size)):
+        raise ValueError(f"tile labels must be a permutation of 1..{size * size - 1}, got {labels}")
+    return labels
+
+
+def random_labels(size: int, rng: random.Random) -> list[int]:
+    """A random relabelling of the tiles of a size×size board that is not the identity."""
+    identity = list(range(1, size * size))
+    while True:
+        labels = rng.sample(identity, len(identity))
+        if labels != identity:
+            return labels
 
 
 def shuffled_grid(size: int, shuffle_moves: int, seed: int) -> Grid:
