@@ -15,7 +15,7 @@ from posttrain.distributed.actor import ActorPolicy
 from posttrain.generation.sampling import SamplingParams
 from posttrain.rollout.rollout import build_rl_batch
 from posttrain.trainers.grpo import run_grpo
-from posttrain.trainers.rl.batch import gradient_rows
+from posttrain.trainers.rl.batch import gradient_rows, policy_updates
 
 
 def _policy(tiny_model_dir, micro=8, **kw) -> ActorPolicy:
@@ -109,6 +109,39 @@ def test_skipping_zero_advantage_rows_gives_the_same_step(tiny_model_dir, tokeni
         assert (p_full[name] - p_part[name]).norm() <= 1e-10 * p_full[name].norm(), name
     wrong, _ = step(kept, float(kept.loss_mask.sum()))
     assert wrong.grad_norm > full.grad_norm * (1 + 1e-3)
+
+
+class _OneRank:
+    """The policy group's interface over one real `ActorPolicy` (what `policy_updates` calls)."""
+
+    world_size = 1
+
+    def __init__(self, policy: ActorPolicy) -> None:
+        self.policy = policy
+
+    def train(self, batch, loss_fn, normalizer):
+        return self.policy.train(batch, loss_fn, normalizer)
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_policy_updates_with_and_without_the_skip_take_the_same_step(tiny_model_dir, tokenizer, aggregation):
+    """The trainer's update (`policy_updates`: normalisers, loss knobs, the rows trained) with
+    loss.skip_zero_advantage_rows on and off, in float64, with gradient clipping: the same step."""
+    batch = _sampled_batch(_policy(tiny_model_dir), tokenizer)
+    batch.advantages = torch.tensor([1.0, -1.0, 0.0, 0.0, 2.0, -2.0, 0.0, 0.0])
+    results = {}
+    for skip in (False, True):
+        policy = _policy(tiny_model_dir, micro=2)
+        policy.model.double()
+        policy.cfg.optimizer.max_grad_norm = 0.5
+        cfg = SimpleNamespace(loss=LossConfig(aggregation=aggregation, skip_zero_advantage_rows=skip))
+        metrics = policy_updates(_OneRank(policy), cfg, [batch], 1)
+        results[skip] = (metrics, policy.state_dict_cpu())
+    (off, p_off), (on, p_on) = results[False], results[True]
+    assert off["skipped_row_fraction"] == 0.0 and on["skipped_row_fraction"] == 0.5
+    assert off["grad_norm"] > 0.5 and on["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-12)
+    for name in p_off:
+        assert (p_off[name] - p_on[name]).norm() <= 1e-10 * p_off[name].norm(), name
 
 
 def _grpo_cfg(tiny_model_dir, run_dir, **extra) -> GRPOConfig:
