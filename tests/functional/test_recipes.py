@@ -6,6 +6,7 @@ metrics run end to end; the learning curves are measured in the docs, not here."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -243,6 +244,43 @@ def test_sliding_puzzle_3x3_recipes_chain(tiny_model_dir: Path, tmp_path: Path) 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_problems"] == 4
     assert {"env/first_move_optimal_rate", "env/blind_solved_rate"} <= set(summary)
+
+
+@pytest.mark.slow  # ~15 s on the 2-core machine
+def test_sliding_puzzle_relabel_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """sft_sliding_puzzle_relabel.yaml for one step on relabelled transcripts (the script with the
+    recipe's environment), then the held-out evaluation with the goal drawn as a board and the plain
+    labels (eval_sliding_puzzle_3x3.yaml, environment.kwargs.goal_board=true)."""
+    import runpy
+
+    script = runpy.run_path("examples/sliding_puzzle_transcripts.py", run_name="transcripts")
+    recipe = Path("examples/configs/sft_sliding_puzzle_relabel.yaml").read_text()
+    env = re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1)
+    heldout = re.search(r"^#   HELDOUT='(.*)'$", recipe, re.M).group(1)
+    assert json.loads(env) == {**json.loads(heldout), "relabel_tiles": True}
+    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
+    script["main"]([str(train), "--count", "8", "--env", env])
+    script["main"]([str(held), "--count", "4", "--seed", "99999", "--split", "heldout", "--env", heldout])
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    assert all(len(r["task"]["labels"]) in (3, 8) for r in rows)
+    assert all("Goal: make the board look like this" in r["messages"][0]["content"] for r in rows)
+    common = ["cluster.backend=local", "logging.tensorboard=false"]
+    sft_dir, out = tmp_path / "sft", tmp_path / "eval"
+    sft = [
+        "sft",
+        "--config",
+        "examples/configs/sft_sliding_puzzle_relabel.yaml",
+        f"policy.model_name={tiny_model_dir}",
+    ]
+    sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
+    sft += ["sft.global_batch_size=4", "checkpoint.save_every=1", *common, f"logging.run_dir={sft_dir}"]
+    assert main(sft) == 0
+    evaluation = ["eval", "--config", "examples/configs/eval_sliding_puzzle_3x3.yaml", f"model={sft_dir}"]
+    evaluation += ["environment.kwargs.goal_board=true", "data.dataset.environment_tasks.size=4"]
+    assert main([*evaluation, "generation.max_new_tokens=6", f"output_dir={out}"]) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    first = samples[0].get("prompt") or samples[0]["messages"][0]["content"]
+    assert "Goal: make the board look like this:\n    1 2 3\n  +-------+\n1 | 1 2 3 |\n2 | 4 5 6 |" in first
 
 
 def test_calculator_without_an_example_recipes_chain(tiny_model_dir: Path, tmp_path: Path) -> None:
