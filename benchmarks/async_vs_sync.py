@@ -41,18 +41,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
+from machine import cpu_model, loadavg  # benchmarks/machine.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "configs" / "grpo_math.yaml"
 ARMS = ("sync_colocated", "sync_split", "async_age1", "async_local")
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def arm_overrides(arm: str, cores: int, gen_cpus: int) -> dict[str, object]:

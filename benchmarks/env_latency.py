@@ -43,19 +43,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
+from machine import cpu_model, loadavg  # benchmarks/machine.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "configs" / "grpo_sliding_puzzle.yaml"
 PUZZLE = {"min_size": 2, "max_size": 2, "max_shuffle_moves": 3, "max_moves": 3, "action_prefix": True}
 GRPO_ARMS = ("sync_barrier", "sync_continuous", "async")
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def latency_kwargs(latency_ms: float, args: argparse.Namespace) -> dict:

@@ -74,19 +74,12 @@ from typing import Any
 
 import torch
 from async_vs_sync import arm_overrides  # benchmarks/async_vs_sync.py: the async_age1 arm's overrides
-from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
+from machine import cpu_model, loadavg  # benchmarks/machine.py (the script's folder is on sys.path)
 
 MODEL_ALIAS = "smollm2-135m-instruct"
 
 
 # ----------------------------------------------------------------------------- machine
-def loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
 def versions() -> str:
     import transformers
 

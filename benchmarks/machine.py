@@ -1,7 +1,8 @@
-"""What machine a benchmark ran on, for its printout."""
+"""What machine a benchmark ran on, and how loaded it was, for its printout."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -14,3 +15,11 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages ("n/a" where the system has none)."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
+from machine import cpu_model, loadavg  # benchmarks/machine.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "configs" / "grpo_math.yaml"
@@ -230,13 +230,6 @@ def plot_seeds(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     print(f"wrote {path}")
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from machine import cpu_model  # benchmarks/machine.py (the script's folder is on sys.path)
+from machine import cpu_model, loadavg  # benchmarks/machine.py (the script's folder is on sys.path)
 
 MB = 1024 * 1024
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -184,10 +184,6 @@ def run_child(spec: dict) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{spec}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def print_table(results: dict[tuple[str, str, int], dict], args: argparse.Namespace) -> None:
