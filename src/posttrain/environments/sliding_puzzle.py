@@ -27,6 +27,8 @@ Around the game (docs/environments.md#sliding-puzzle-on-3x3-boards):
   draws "train" and "heldout" tasks that never share a board, half of the boards at every distance.
 - **Blind baseline** (`best_blind_sequence`): the best fixed action sequence for a set of boards,
   found by enumeration: what a policy that never reads the board solves.
+- **Relabelled tiles** (`relabel_tiles`, with `goal_board`): each task shows its tiles under a random
+  labelling, the goal drawn as a board, so the move cannot be read off how the board looks.
 - **Oracle transcripts** (`oracle_transcript`): the conversation of an optimal player through the
   environment's own reset and step, for an SFT warm start (examples/sliding_puzzle_transcripts.py).
 """
