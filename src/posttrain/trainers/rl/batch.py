@@ -116,11 +116,11 @@ def gradient_rows(cfg: Any, batch: RLBatch, world_size: int) -> RLBatch:
     (their gradient is 0) to a positive multiple of `world_size`, so that the data-parallel workers
     get equal shards and the optimizer still steps (AdamW moves on a zero gradient: its moments). The
     step equals the whole batch's when the caller keeps the whole batch's loss normalisers."""
-    keep = rows_with_gradient(cfg, batch)
-    kept = [i for i, k in enumerate(keep.tolist()) if k]
+    keep = rows_with_gradient(cfg, batch).tolist()
+    kept = [i for i, k in enumerate(keep) if k]
     if len(kept) == len(batch):
         return batch
-    dropped = [i for i, k in enumerate(keep.tolist()) if not k]
+    dropped = [i for i, k in enumerate(keep) if not k]
     count = max(world_size, -(-len(kept) // world_size) * world_size)
     return batch.reorder(kept + dropped).select(0, count)
 
