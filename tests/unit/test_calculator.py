@@ -290,8 +290,11 @@ def test_training_phrasings_use_none_of_the_held_out_words() -> None:
     assert not words & {"times", "product", "multiply", "multiplied", "plus", "sum", "add", "added"}
     # "What is the X of ... a and b?" is asked of both operations, so its shape decides neither
     of_shape = re.compile(r"^What is the \w+ of .*\{a\} and \{b\}\?$")
+    # and an imperative "Find the X of ... a and b.", so a command's shape decides neither either
+    imperative = re.compile(r"^Find the \w+ of .*\{a\} and \{b\}\.$")
     for op in TRAINING_PHRASINGS:
         assert any(of_shape.match(PHRASINGS[op][p]) for p in TRAINING_PHRASINGS[op]), op
+        assert any(imperative.match(PHRASINGS[op][p]) for p in TRAINING_PHRASINGS[op]), op
 
 
 @pytest.mark.parametrize(

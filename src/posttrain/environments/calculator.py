@@ -167,6 +167,7 @@ PHRASINGS: dict[str, dict[str, str]] = {
         "multiply": "Multiply {a} by {b}.",
         "rows": "A hall has {a} rows of {b} seats. How many seats are there in all?",
         "area": "What is the area of a rectangle with sides {a} and {b}?",
+        "find_area": "Find the area of a rectangle with sides {a} and {b}.",
     },
     "+": {
         "what_is": "What is {a} + {b}?",
@@ -175,18 +176,21 @@ PHRASINGS: dict[str, dict[str, str]] = {
         "add": "Add {a} and {b}.",
         "total": "What is the total of {a} and {b}?",
         "more": "Sam has {a} marbles and finds {b} more. How many marbles does Sam have now?",
+        "find_total": "Find the total of {a} and {b}.",
     },
 }
 """The question of a task per operation and phrasing (its "phrasing" field; "what_is" when absent):
 held-out families ask the same thing in words training never used. The recipes train on "what_is",
-"rows", "area", "total" and "more" (`TRAINING_PHRASINGS`) and hold out the other six, whose words
-("times", "product", "multiply", "plus", "sum", "add") no training question uses. "area" gives the
-products a "What is the X of ... a and b?" question, the shape of the sums' "total": without it that
-shape alone could decide the operation ("What is the product of a and b?" was once answered a + b)."""
+"rows", "area", "find_area", "total", "more" and "find_total" (`TRAINING_PHRASINGS`) and hold out the
+other six, whose words ("times", "product", "multiply", "plus", "sum", "add") no training question
+uses. Every sentence shape training uses is asked of both operations, so no shape alone decides the
+operation: "area" gives the products the sums' "What is the X of ... a and b?" ("What is the product
+of a and b?" was once answered a + b without it), and "find_area"/"find_total" give both an
+imperative ("Add a and b." was once answered a * b when no training question was imperative)."""
 
 TRAINING_PHRASINGS: dict[str, list[str]] = {
-    "*": ["what_is", "rows", "area"],
-    "+": ["what_is", "total", "more"],
+    "*": ["what_is", "rows", "area", "find_area"],
+    "+": ["what_is", "total", "more", "find_total"],
 }
 """The phrasings the calculator recipes train on, per operation (see `PHRASINGS`)."""
 
