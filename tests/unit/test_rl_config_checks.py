@@ -152,6 +152,28 @@ def test_a_lower_precision_engine_gets_truncated_importance_weights_by_default(l
         _load(loop, [*bf16_engine, "generation.top_p=0.9"])
 
 
+@pytest.mark.parametrize("loop", ["grpo", "ppo"])
+def test_a_bf16_hf_sampler_copy_gets_truncated_importance_weights_by_default(loop):
+    """generation.hf.dtype=bfloat16 under a float32 policy: the HF sampler decodes from a bf16 copy, so
+    its logprobs are not the trainer's (correction on, and no "has no effect" warning); the policy's own
+    dtype, or auto, leaves it off; a vLLM backend does not read hf.dtype (an error, not a silent no-op)."""
+    bf16_copy = ["generation.hf.dtype=bfloat16"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        cfg = _load(loop, bf16_copy)
+        assert cfg.loss.importance_correction == "truncated"
+        assert cfg.generation.sampling_dtype(cfg.policy.dtype) == "bfloat16"
+        assert (
+            _load(loop, [*bf16_copy, "loss.importance_correction=icepop"]).loss.importance_correction
+            == "icepop"
+        )
+    assert _load(loop, ["generation.hf.dtype=float32"]).loss.importance_correction is None
+    cfg = _load(loop, [*bf16_copy, "policy.dtype=bfloat16"])  # autocast bf16 already: no copy
+    assert cfg.loss.importance_correction is None and cfg.generation.sampling_dtype("bfloat16") == "bfloat16"
+    with pytest.raises(ConfigError, match=r"generation.hf.dtype=bfloat16 sets the HF sampler.*vllm.dtype"):
+        _load(loop, [*bf16_copy, "generation.backend=vllm"])
+
+
 def test_distill_allows_vllm_truncated_sampling():
     # the distillation loss reads no generation logprobs
     assert _load("distill", VLLM_TOP_P).generation.top_p == 0.9

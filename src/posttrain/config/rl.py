@@ -164,6 +164,7 @@ def check_rl_config(cfg: Any, loop: str) -> None:
     they cannot drift apart. `loop`: the name of its loop section (grpo, ppo, distill, ...), an
     `RLLoopConfig`. Raises ValueError; warns with ConfigWarning."""
     cfg.generation.check_lora_adapter(cfg.policy.lora)
+    cfg.generation.check_hf_dtype()
     check_environments(cfg, loop)
     if cfg.generation.placement == "split":
         cfg.generation.check_refit_transport(cfg.cluster, sharded=cfg.policy.split_weights)
@@ -175,8 +176,9 @@ def check_rl_config(cfg: Any, loop: str) -> None:
     if loss is not None:
         default_importance_correction(cfg, loop)
         check_truncated_sampling(cfg, loop)
-        if loss.importance_correction is not None and cfg.generation.backend == "hf":
-            if cfg.generation.placement == "colocated":
+        g = cfg.generation
+        if loss.importance_correction is not None and g.backend == "hf" and g.placement == "colocated":
+            if g.sampling_dtype(cfg.policy.dtype) == cfg.policy.dtype:
                 config_warning(
                     f"loss.importance_correction={loss.importance_correction} corrects for an inference "
                     "engine that differs from the trainer, but generation.backend=hf colocated samples with "
@@ -187,15 +189,16 @@ def check_rl_config(cfg: Any, loop: str) -> None:
 def default_importance_correction(cfg: Any, loop: str) -> None:
     """Resolve loss.importance_correction="auto" (the default): "truncated" (π_old / π_gen clamped at
     loss.importance_cap) where the sampler's logprobs are not the trainer's, else None. They differ on
-    every token with async GRPO (stale weights) and with a vLLM engine that samples in another dtype
-    than training computes in (generation.vllm.dtype=bfloat16 under a float32 policy: faster
-    rollouts, what GPU RL does); token_mult_prob_error and gen_kl show the mismatch it corrects."""
+    every token with async GRPO (stale weights) and with a generator that samples in another dtype
+    than training computes in (generation.vllm.dtype or generation.hf.dtype bfloat16 under a float32
+    policy: faster rollouts, what GPU RL does); token_mult_prob_error and gen_kl show the mismatch it
+    corrects."""
     loss = cfg.loss
     if loss.importance_correction != "auto":
         return
     g = cfg.generation
     stale = bool(getattr(getattr(cfg, loop), "async_mode", False))
-    lower_precision = g.backend == "vllm" and g.vllm.dtype not in ("auto", cfg.policy.dtype)
+    lower_precision = g.sampling_dtype(cfg.policy.dtype) != cfg.policy.dtype
     loss.importance_correction = "truncated" if stale or lower_precision else None
 
 

@@ -87,6 +87,22 @@ class VLLMConfig(Strict):
     )
 
 
+class HFGenerationConfig(Strict):
+    """The HF backend's sampler (posttrain's own decode loop over a transformers model)."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="The weights the sampler decodes from; auto: the policy's own (colocated: the trained "
+        "model under policy.dtype's autocast). bfloat16 under a float32 policy: a bf16 copy of the "
+        "weights, refitted after every update (cast; colocated: in the policy's process, split: in each "
+        "generation worker), while training stays fp32 - half the bytes read per decoded token, and bf16 "
+        "matmuls on CPUs with AVX-512 BF16 or AMX (on AVX2 alone bf16 is no faster: "
+        "benchmarks/rollout_precision.py tells). Generation logprobs then differ from training's "
+        "(token_mult_prob_error, gen_kl); loss.importance_correction (auto: truncated in this case) "
+        "corrects for it.",
+    )
+
+
 class RefitCheckConfig(Strict):
     """After every weight transfer, check that the generator runs the trained weights; fail if not.
 
@@ -135,6 +151,7 @@ class GenerationConfig(Strict):
     )
     stop_strings: list[str] = Field(default_factory=list)
     batch_size: int = Field(64, gt=0, description="Prompts per generate call.")
+    hf: HFGenerationConfig = Field(default_factory=HFGenerationConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     refit_check: RefitCheckConfig = Field(default_factory=RefitCheckConfig)
     refit_transport: Literal["auto", "shared_memory", "object_store", "collective"] = Field(
@@ -146,6 +163,20 @@ class GenerationConfig(Strict):
         "workers (NCCL on GPU, gloo on CPU). auto: shared_memory on one CPU machine, collective with "
         "GPUs on Ray, object_store otherwise (CPU across machines, or GPUs with cluster.backend=local).",
     )
+
+    def sampling_dtype(self, policy_dtype: str) -> str:
+        """The dtype the generator decodes in: its backend's `dtype` (`hf.dtype`, `vllm.dtype`), or
+        `policy_dtype` where that is auto."""
+        own = self.vllm.dtype if self.backend == "vllm" else self.hf.dtype
+        return policy_dtype if own == "auto" else own
+
+    def check_hf_dtype(self) -> None:
+        """Raise ValueError when `hf.dtype` is set for a backend that does not read it."""
+        if self.hf.dtype != "auto" and self.backend != "hf":
+            raise ValueError(
+                f"generation.hf.dtype={self.hf.dtype} sets the HF sampler's weights, but generation.backend="
+                f"{self.backend}; set generation.vllm.dtype for a vLLM engine"
+            )
 
     def resolved_refit_transport(self, cluster: ClusterConfig, sharded: bool = False) -> RefitTransport:
         """The transport `auto` stands for on this cluster (an explicit choice is returned as is).

@@ -32,6 +32,7 @@ from posttrain.weights.refit import (
     pack_state_dict,
     plan_buckets,
     send_buckets,
+    weights_checksum,
 )
 
 
@@ -83,6 +84,15 @@ class ActorPolicy(Sampling, Policy):
             self.engine = build_vllm_engine(
                 generation, cfg, kwargs["model_path"], tokenizer_path, self.device, rank=self.rank
             )
+        # generation.hf.dtype other than the policy's: the HF sampler decodes from a copy of the weights
+        # in that dtype, refitted after every update (`refit_engine`); training keeps its fp32 weights
+        self.sampler_copy: torch.nn.Module | None = None
+        if generation is not None and generation.backend == "hf":
+            dtype = generation.sampling_dtype(cfg.dtype)
+            if dtype != cfg.dtype:
+                copy = load_causal_lm(kwargs["model_path"], DTYPES[dtype]).to(self.device).eval()
+                self.sampler_copy = copy.requires_grad_(False)
+                self.refit_sampler_copy()
         self.refit_group: RefitGroup | None = None
         self.snapshot: SharedSnapshot | None = None
         self._refit_store: Any = None
@@ -114,8 +124,23 @@ class ActorPolicy(Sampling, Policy):
 
     def generation_autocast(self) -> contextlib.AbstractContextManager:
         """Colocated HF generation computes like training: autocast to `policy.dtype` over the fp32
-        weights (FSDP2: its mixed-precision policy)."""
-        return self.autocast()
+        weights (FSDP2: its mixed-precision policy); a sampler copy computes in its own dtype."""
+        return self.autocast() if self.sampler_copy is None else contextlib.nullcontext()
+
+    def sampler_model(self) -> torch.nn.Module:
+        """The trained model, or its copy in generation.hf.dtype."""
+        return self.model if self.sampler_copy is None else self.sampler_copy
+
+    @torch.no_grad()
+    def refit_sampler_copy(self) -> int:
+        """Cast the trained weights into the sampler copy (LoRA: merged; FSDP2: gathered, every rank
+        in step); returns the number of tensors."""
+        own = self.sampler_copy.state_dict()
+        count = 0
+        for name, tensor in self.generator_weights():
+            own[name].copy_(tensor)
+            count += 1
+        return count
 
     def shared_weights_handle(self) -> SharedWeightsHandle | None:
         """Split placement on one machine: where generation workers map this rank's weights."""
@@ -144,7 +169,10 @@ class ActorPolicy(Sampling, Policy):
             self.snapshot.close()
 
     def refit_engine(self) -> int:
-        """Colocated vLLM: copy the trained weights into the engine (no disk, no other process)."""
+        """Colocated vLLM: copy the trained weights into the engine (no disk, no other process); the HF
+        sampler's copy (generation.hf.dtype): cast them into it."""
+        if self.sampler_copy is not None:
+            return self.refit_sampler_copy()
         if self.engine is None:
             return 0
         # FSDP2 shards are DTensors: gather each full tensor (every rank runs this in step); LoRA: merged
@@ -196,6 +224,8 @@ class ActorPolicy(Sampling, Policy):
         self.refit_group = self._refit_store = None
 
     def engine_checksum(self) -> tuple[float, float] | None:
+        if self.sampler_copy is not None:
+            return weights_checksum(self.sampler_copy.parameters())
         return None if self.engine is None else self.engine.checksum()
 
     def sleep_engine(self) -> None:

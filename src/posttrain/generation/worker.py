@@ -45,8 +45,17 @@ class Sampling:
         updates = self.weight_updates() if params.partial_rollouts else None
         with self.generation_autocast():
             return hf_generate(
-                self.model, self.tokenizer, prompt_ids, params, batch_size=batch_size, updates=updates
+                self.sampler_model(),
+                self.tokenizer,
+                prompt_ids,
+                params,
+                batch_size=batch_size,
+                updates=updates,
             )
+
+    def sampler_model(self) -> torch.nn.Module:
+        """The HF model that samples (called under `generation_autocast`)."""
+        return self.model
 
     def weight_updates(self) -> WeightUpdates:
         """Partial rollouts: how this worker loads newer weights between decode steps."""
@@ -62,7 +71,7 @@ class Sampling:
         if self.engine is not None:
             return fn(self.engine, self.tokenizer, *args)
         with self.generation_autocast():
-            return fn(self.model, self.tokenizer, *args)
+            return fn(self.sampler_model(), self.tokenizer, *args)
 
     def generation_autocast(self) -> contextlib.AbstractContextManager:
         """The compute context of HF generation (a generation worker's model is already in its dtype)."""
@@ -97,7 +106,8 @@ class GenerationWorker(Sampling):
                 generation, cfg, model_path, tokenizer_path, self.device, rank=rank
             )
         else:
-            self.model = load_causal_lm(model_path, DTYPES[cfg.dtype]).to(self.device).eval()
+            dtype = cfg.dtype if generation is None else engine_dtype(generation, cfg)
+            self.model = load_causal_lm(model_path, DTYPES[dtype]).to(self.device).eval()
         self.tokenizer = load_tokenizer(tokenizer_path)  # observations' tokens (episodes without a barrier)
 
     def load_weights(self, buckets: list) -> int:
@@ -174,11 +184,9 @@ class GenerationWorker(Sampling):
 
 
 def engine_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str:
-    """The dtype the generator's weights have: the policy's compute dtype, unless a vLLM engine is set
-    to another."""
-    if generation.backend == "vllm" and generation.vllm.dtype != "auto":
-        return generation.vllm.dtype
-    return policy.dtype
+    """The dtype the generator's weights have: the policy's compute dtype, unless the backend's
+    `dtype` (generation.vllm.dtype, generation.hf.dtype) sets another."""
+    return generation.sampling_dtype(policy.dtype)
 
 
 def refit_cast_dtype(generation: GenerationConfig, policy: PolicyConfig) -> str | None:

@@ -112,7 +112,13 @@ class RLRuntime:
         )
         self.policy, self.teacher = self.build_policy(tokenizer_path, transport)
         # weights move to a separate engine after every update: split workers or a colocated vLLM
-        self.refits = self.split or cfg.generation.backend == "vllm"
+        # a generator with weights of its own: split workers, a vLLM engine, the HF sampler's copy in
+        # generation.hf.dtype (colocated HF otherwise samples with the trained model itself)
+        self.refits = (
+            self.split
+            or cfg.generation.backend == "vllm"
+            or cfg.generation.sampling_dtype(cfg.policy.dtype) != cfg.policy.dtype
+        )
         self.engine_dtype = refit_cast_dtype(cfg.generation, cfg.policy)  # the refit check casts to it
         self.split_generator: GenerationGroup | None = None
         if self.split:
