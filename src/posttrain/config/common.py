@@ -89,8 +89,9 @@ class PolicyConfig(Strict):
         "float32",
         description="The compute dtype of forward and backward passes. Parameters (master weights), "
         "gradients and AdamW state stay fp32 either way: bfloat16 computes under torch.autocast (FSDP2: "
-        "its MixedPrecisionPolicy, gradients reduced in fp32). Generators (split HF workers, vLLM with "
-        "vllm.dtype=auto) hold the weights in this dtype; refits cast them. Checkpoints hold the fp32 "
+        "its MixedPrecisionPolicy, gradients reduced in fp32). Generators (split HF workers with "
+        "hf.dtype=auto, vLLM with vllm.dtype=auto) hold the weights in this dtype; refits cast them "
+        "(generation.hf.dtype / vllm.dtype set another). Checkpoints hold the fp32 "
         "weights; `posttrain export` writes this dtype unless --dtype says otherwise.",
     )
     max_seq_len: int = Field(512, gt=1)
