@@ -199,6 +199,20 @@ def sft_overrides(model_dir: Path, data: Path, run_dir: Path, **extra) -> list[s
     return [f"{k}={v}" for k, v in base.items()]
 
 
+class OneActorGroup:
+    """One colocated `ActorPolicy` as both sides of the refit gate (`check_refit`'s policy and generator),
+    as `ActorGroup` presents its workers: one checksum per rank."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    def generator_checksums(self):
+        return [self.actor.engine_checksum()]
+
+    def parameters_checksum(self, dtype=None):
+        return [self.actor.parameters_checksum(dtype)]
+
+
 def grpo_test_config(model_dir: Path, run_dir: Path, **extra):
     """A 2-step GRPO config on a tiny model (2 prompts x 4 generations, 12 new tokens, local backend)."""
     from posttrain.config import load_config

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import OneActorGroup, grpo_test_config
 
 from posttrain.config.common import OptimizerConfig, PolicyConfig, SchedulerConfig
 from posttrain.config.rollout import GenerationConfig, HFGenerationConfig, RefitCheckConfig
@@ -43,21 +44,8 @@ def _copy_is_the_policy_cast(actor: ActorPolicy) -> bool:
     )
 
 
-class _Colocated:
-    """The generator side of the refit gate for one colocated actor (`ActorGroup.generator_checksums`)."""
-
-    def __init__(self, actor: ActorPolicy) -> None:
-        self.actor = actor
-
-    def generator_checksums(self):
-        return [self.actor.engine_checksum()]
-
-    def parameters_checksum(self, dtype=None):
-        return [self.actor.parameters_checksum(dtype)]
-
-
 def _gate(actor: ActorPolicy) -> dict[str, float]:
-    group = _Colocated(actor)
+    group = OneActorGroup(actor)
     return check_refit(
         RefitCheckConfig(mode="checksum"), group, group, [], SamplingParams(), 0, engine_dtype="bfloat16"
     )
@@ -90,7 +78,6 @@ def test_the_sampler_decodes_from_the_bf16_copy_and_refits_restore_it(tiny_model
 
 
 def test_a_grpo_run_refits_the_copy_after_every_update(tiny_model_dir, tmp_path):
-    from conftest import grpo_test_config
 
     cfg = grpo_test_config(tiny_model_dir, tmp_path / "run", **{"generation.hf.dtype": "bfloat16"})
     assert cfg.loss.importance_correction == "truncated"  # auto: the sampler is not the trainer
@@ -109,7 +96,6 @@ def test_a_grpo_run_refits_the_copy_after_every_update(tiny_model_dir, tmp_path)
 def test_split_generation_workers_decode_from_bf16_weights(ray_cluster, tiny_model_dir, tmp_path):
     """Split placement: each generation worker loads the model in bf16 and refits cast into it (shared
     memory here); the checksum gate compares the policy's weights cast to bf16 with the worker's."""
-    from conftest import grpo_test_config
 
     overrides = {
         "cluster.backend": "ray",

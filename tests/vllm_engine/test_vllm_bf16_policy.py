@@ -8,7 +8,7 @@ import functools
 
 import pytest
 import torch
-from conftest import require_vllm
+from conftest import OneActorGroup, require_vllm
 
 require_vllm()
 
@@ -53,17 +53,6 @@ def _parity(actor: ActorPolicy, tokenizer) -> float:
     return float(token_mult_prob_error(actor.logprobs(batch), gen_logprobs, batch.loss_mask))
 
 
-class _Group:
-    def __init__(self, actor: ActorPolicy) -> None:
-        self.actor = actor
-
-    def generator_checksums(self):
-        return [self.actor.engine_checksum()]
-
-    def parameters_checksum(self, dtype=None):
-        return [self.actor.parameters_checksum(dtype)]
-
-
 def test_bf16_policy_refits_a_bf16_engine(vllm_tiny_dir, tokenizer):
     cfg = PolicyConfig(
         dtype="bfloat16",
@@ -84,7 +73,13 @@ def test_bf16_policy_refits_a_bf16_engine(vllm_tiny_dir, tokenizer):
     actor.model.config.use_cache = False
     assert next(actor.model.parameters()).dtype == torch.float32
     check = functools.partial(
-        check_refit, generation.refit_check, _Group(actor), _Group(actor), [], SamplingParams(), 0
+        check_refit,
+        generation.refit_check,
+        OneActorGroup(actor),
+        OneActorGroup(actor),
+        [],
+        SamplingParams(),
+        0,
     )
     check(engine_dtype=engine_dtype)
     with pytest.raises(RefitError):  # the fp32 masters' sums differ from the bf16 engine's
