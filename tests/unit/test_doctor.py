@@ -16,6 +16,7 @@ from posttrain.doctor import (
     GIB,
     _shm_needed,
     check_cluster_size,
+    check_cpu_bf16,
     check_disk,
     check_gpus,
     check_ray,
@@ -45,6 +46,19 @@ def test_disk_and_gpus_with_numbers() -> None:
     assert "H100 80.0 GiB" in two.detail
 
 
+def test_bf16_rollouts_are_suggested_where_the_cpu_has_bf16_matmuls() -> None:
+    avx2, zen5, amx = {"avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16"}, {"avx512_bf16", "amx_bf16"}
+    hint = check_cpu_bf16(zen5, gpus=0, bf16_rollouts=False)
+    assert (
+        hint.status == "ok" and "avx512_bf16" in hint.detail and "generation.hf.dtype=bfloat16" in hint.detail
+    )
+    assert "amx_bf16, avx512_bf16" in check_cpu_bf16(amx, gpus=0, bf16_rollouts=True).detail
+    assert check_cpu_bf16(avx2, gpus=0, bf16_rollouts=False).status == "ok"  # fp32: the right choice
+    slow = check_cpu_bf16(avx2, gpus=0, bf16_rollouts=True)  # asked for bf16 where it does not pay
+    assert slow.status == "warn" and not slow.needed and slow.fix == "generation.hf.dtype=auto"
+    assert check_cpu_bf16(avx2, gpus=1, bf16_rollouts=True).status == "ok"  # a GPU run
+
+
 def test_shared_memory_is_needed_only_by_that_transport() -> None:
     assert not _shm_needed(GRPOConfig())  # colocated: no refit at all
     split = ["generation.placement=split", "cluster.backend=local"]
@@ -59,6 +73,7 @@ def test_default_config_is_green_on_this_machine() -> None:
         "GPUs",
         "Ray",
         "vLLM",
+        "bf16 on CPU",
         "/dev/shm",
         "/dev/shm leftovers",
         "disk",
