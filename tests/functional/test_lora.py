@@ -208,6 +208,36 @@ def test_refit_makes_the_generator_run_the_merged_weights(tiny_model_dir, tokeni
         policy.shutdown()
 
 
+def test_a_bf16_sampler_copy_runs_the_merged_weights(tiny_model_dir, tokenizer):
+    """generation.hf.dtype=bfloat16 under a LoRA policy: the colocated copy holds W + s·BA cast to bf16
+    under the base model's names; the checksum gate (over the merged weights) fails on a skipped
+    refit and passes after one."""
+    from conftest import OneActorGroup
+
+    from posttrain.config.rollout import HFGenerationConfig
+    from posttrain.distributed.refit_check import RefitError, check_refit
+    from posttrain.generation.sampling import SamplingParams
+
+    generation = GenerationConfig(hf=HFGenerationConfig(dtype="bfloat16"))
+    policy = _actor(tiny_model_dir, generation=generation)
+    group = OneActorGroup(policy)
+    gate = functools.partial(
+        check_refit, RefitCheckConfig(mode="checksum"), group, group, [], SamplingParams(), 0, "bfloat16"
+    )
+    gate()  # step 0: B = 0, the merged weights are the base's
+    batch = _batch(tokenizer)
+    _step(policy, batch)
+    _step(policy, batch)
+    with pytest.raises(RefitError):
+        gate()
+    policy.refit_engine()
+    assert gate()["refit/checksum_relative_diff"] == 0.0
+    copy = dict(policy.sampler_copy.named_parameters())
+    merged = dict(policy.generator_weights())
+    assert merged.keys() == copy.keys()
+    assert all(torch.equal(copy[name], tensor.to(torch.bfloat16)) for name, tensor in merged.items())
+
+
 # ------------------------------------------------------------------ the output layer (tied or not)
 def test_lora_on_a_tied_lm_head_is_refused_at_startup(tiny_model_dir):
     # the tiny Llama ties lm_head to embed_tokens: its adapter would be dropped from merged refits
