@@ -1,6 +1,6 @@
 """One GRPO run over two real environments (math and the sliding puzzle) on the tiny random model,
 local backend: each step's batch mixes both, each episode is played by its own environment (one
-turn for a sum, several moves for a puzzle), the metrics come per environment beside the overall
+turn for a sum, several moves for a puzzle, each turn within its environment's max_new_tokens), the metrics come per environment beside the overall
 ones, validation reports each environment's held-out set, and a resumed run goes on from the
 mixture sampler's position."""
 
@@ -31,6 +31,7 @@ RECIPE = {
                 "action_prefix": True,
             },
             "max_turns": 3,
+            "max_new_tokens": 2,  # its own turn limit; math keeps generation's 6
         },
     },
     "data": {
@@ -72,6 +73,9 @@ def test_a_grpo_step_over_math_and_the_sliding_puzzle(tiny_model_dir: Path, tmp_
     assert 0.0 <= step["math/reward/mean"] <= 1.0 and 0.0 <= step["puzzle/reward/mean"] <= 1.0
     assert step["math/episode/turns_max"] == 1.0 and step["puzzle/episode/turns_mean"] >= 1.0
     assert "math/env/boxed_rate" in step and "puzzle/env/illegal_action_rate" in step
+    # each environment's turn limit: at most 2 tokens a move, where a sum's one reply runs to 6
+    assert step["puzzle/episode/generated_tokens_mean"] <= 2 * step["puzzle/episode/turns_mean"]
+    assert step["math/episode/generated_tokens_mean"] > 2
     val = [r for r in rows if "val/accuracy" in r]
     assert [r["step"] for r in val] == [0, 1]
     for row in val:  # 2 sums and 3 puzzles, one greedy sample each

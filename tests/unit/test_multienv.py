@@ -181,6 +181,36 @@ def test_the_episode_budget_is_the_largest_environment_s() -> None:
         config_from_data(GRPOConfig, multi(generation={"max_new_tokens": 32}, dapo={"overlong_buffer": 129}))
 
 
+def test_each_environment_may_set_its_own_turn_limit() -> None:
+    """environments.<name>.max_new_tokens: that environment's turns' limit, its budget max_turns × it;
+    the others keep generation.max_new_tokens. The run's budget is the largest-turn environment's."""
+    from posttrain.config.rollout import episode_token_budget, run_episode_token_budget, turn_token_limit
+    from posttrain.trainers.common import sampling_params
+
+    puzzle = {**PUZZLE, "max_new_tokens": 8}
+    cfg = config_from_data(
+        GRPOConfig, multi(environments={"math": {}, "puzzle": puzzle}, generation={"max_new_tokens": 48})
+    )
+    math, moves = cfg.environments["math"], cfg.environments["puzzle"]
+    assert (turn_token_limit(cfg.generation, math), turn_token_limit(cfg.generation, moves)) == (48, 8)
+    assert (episode_token_budget(cfg.generation, math), episode_token_budget(cfg.generation, moves)) == (
+        48,
+        32,
+    )
+    assert run_episode_token_budget(cfg) == 48  # math's 1 × 48 > the puzzle's 4 × 8
+    assert sampling_params(cfg.generation, 0, environment=moves).max_new_tokens == 8
+    assert sampling_params(cfg.generation, 0).max_new_tokens == 48
+    # an explicit budget is checked against the most-turns environment's own turn limit (4 × 8 = 32)
+    over = multi(
+        environments={"math": {}, "puzzle": puzzle},
+        generation={"max_new_tokens": 48, "max_episode_tokens": 40},
+    )
+    with pytest.raises(
+        ConfigError, match=r"between one turn \(max_new_tokens=8, environments.puzzle's\) and .* \(32\)"
+    ):
+        config_from_data(GRPOConfig, over)
+
+
 def test_rows_may_name_their_environments_in_data_train() -> None:
     """Without data.sources, data.train's rows name their environments (NeMo RL's dataset shape)."""
     cfg = config_from_data(

@@ -336,6 +336,13 @@ class EnvironmentConfig(Strict):
     )
     num_workers: int = Field(1, gt=0)
     max_turns: int = Field(1, gt=0)
+    max_new_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="The most tokens one of this environment's turns generates; null: generation.max_new_tokens. "
+        "Over several environments each can have its own (a one-word move needs 8, a tool call 48: a "
+        "longer limit lets a turn run on).",
+    )
     max_observation_tokens: int | None = Field(
         None,
         gt=0,
@@ -404,12 +411,17 @@ class EnvironmentConfig(Strict):
         return self
 
 
+def turn_token_limit(generation: GenerationConfig, environment: EnvironmentConfig) -> int:
+    """The most tokens one turn of `environment` generates: its own max_new_tokens, else generation's."""
+    return environment.max_new_tokens or generation.max_new_tokens
+
+
 def episode_token_budget(generation: GenerationConfig, environment: EnvironmentConfig) -> int:
     """The most generated tokens of one episode: generation.max_episode_tokens, else
-    environment.max_turns × generation.max_new_tokens (what max_turns full turns generate)."""
+    environment.max_turns × the turn's limit (`turn_token_limit`: what max_turns full turns generate)."""
     if generation.max_episode_tokens is not None:
         return generation.max_episode_tokens
-    return environment.max_turns * generation.max_new_tokens
+    return environment.max_turns * turn_token_limit(generation, environment)
 
 
 def environment_sections(cfg: Any) -> dict[str, EnvironmentConfig]:
@@ -435,11 +447,12 @@ def check_episode_budget(cfg: Any) -> None:
     g, sections = cfg.generation, environment_sections(cfg)
     key = max(sections, key=lambda k: sections[k].max_turns)  # the first of the largest
     turns = sections[key].max_turns
-    budget, most = episode_token_budget(g, sections[key]), turns * g.max_new_tokens
-    if g.max_episode_tokens is not None and not g.max_new_tokens <= budget <= most:
+    turn = turn_token_limit(g, sections[key])
+    budget, most = episode_token_budget(g, sections[key]), turns * turn
+    if g.max_episode_tokens is not None and not turn <= budget <= most:
         raise ValueError(
-            f"generation.max_episode_tokens={budget} must lie between one turn (generation.max_new_tokens="
-            f"{g.max_new_tokens}) and what {key}.max_turns={turns} turns generate ({most}): below, no "
+            f"generation.max_episode_tokens={budget} must lie between one turn (max_new_tokens={turn}, "
+            f"{key}'s) and what {key}.max_turns={turns} turns generate ({most}): below, no "
             "turn could use max_new_tokens; above, no episode reaches it. Set it in that range, or null "
             f"for {most}"
         )
@@ -447,7 +460,7 @@ def check_episode_budget(cfg: Any) -> None:
     if buffer is not None and buffer > budget:
         raise ValueError(
             f"dapo.overlong_buffer={buffer} is longer than the episode token budget {budget} (generation."
-            f"max_episode_tokens, else {key}.max_turns × generation.max_new_tokens): the soft overlong "
+            f"max_episode_tokens, else {key}.max_turns × its max_new_tokens): the soft overlong "
             "penalty runs over the budget's last overlong_buffer tokens. Lower dapo.overlong_buffer or "
             "raise the budget"
         )

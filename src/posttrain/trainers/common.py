@@ -23,7 +23,7 @@ from posttrain.checkpoint import Checkpointer
 from posttrain.checkpoint.checkpointer import resolve_resume
 from posttrain.config.common import CheckpointConfig
 from posttrain.config.loader import ConfigError, to_yaml
-from posttrain.config.rollout import GenerationConfig
+from posttrain.config.rollout import EnvironmentConfig, GenerationConfig, turn_token_limit
 from posttrain.errors import UserError
 from posttrain.generation.sampling import SamplingParams
 
@@ -142,14 +142,20 @@ def seed_everything(seed: int) -> None:
 
 
 def sampling_params(
-    generation: GenerationConfig, seed: int, temperature: float | None = None
+    generation: GenerationConfig,
+    seed: int,
+    temperature: float | None = None,
+    environment: EnvironmentConfig | None = None,
 ) -> SamplingParams:
-    """How `generation` samples (at `temperature` when given, else its own), with `seed`."""
+    """How `generation` samples (at `temperature` when given, else its own), with `seed`; a turn's
+    limit is `environment`'s own max_new_tokens when it sets one (`turn_token_limit`)."""
     return SamplingParams(
         temperature=generation.temperature if temperature is None else temperature,
         top_p=generation.top_p,
         top_k=generation.top_k,
-        max_new_tokens=generation.max_new_tokens,
+        max_new_tokens=generation.max_new_tokens
+        if environment is None
+        else turn_token_limit(generation, environment),
         stop_strings=tuple(generation.stop_strings),
         seed=seed,
     )

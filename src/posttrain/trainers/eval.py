@@ -165,7 +165,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
     max_seq_len = model_max_len(source.model, cfg.max_seq_len)
     with EnvironmentGroup(env_cfg.name, env_cfg.kwargs, backend="local") as env:
         n = cfg.sampling.samples_per_prompt
-        params = sampling_params(cfg.generation, cfg.sampling.seed)
+        params = sampling_params(cfg.generation, cfg.sampling.seed, environment=env_cfg)
         generator = LocalGenerator(
             source.model,
             tokenizer,

@@ -20,7 +20,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from posttrain.config.rollout import EnvironmentConfig, episode_token_budget
+from posttrain.config.rollout import (
+    EnvironmentConfig,
+    environment_sections,
+    episode_token_budget,
+    turn_token_limit,
+)
 from posttrain.data.batching import EpochSampler, MixtureSampler
 from posttrain.data.tasks import Task
 from posttrain.distributed.actor_group import ActorGroup, GenerationGroup
@@ -79,11 +84,12 @@ class RLRuntime:
             cfg.policy.tokenizer_name or self.model_path, cfg.policy.chat_template, self.run_dir,
             "policy.chat_template",
         )  # fmt: skip
-        max_prompt = cfg.policy.max_seq_len - cfg.generation.max_new_tokens
+        turn = max(turn_token_limit(cfg.generation, e) for e in environment_sections(cfg).values())
+        max_prompt = cfg.policy.max_seq_len - turn
         if max_prompt <= 0:
             raise ValueError(
-                f"policy.max_seq_len ({cfg.policy.max_seq_len}) must exceed generation.max_new_tokens "
-                f"({cfg.generation.max_new_tokens}) to leave room for the prompt"
+                f"policy.max_seq_len ({cfg.policy.max_seq_len}) must exceed a turn's max_new_tokens "
+                f"({turn}) to leave room for the prompt"
             )
         if cfg.environments is None:
             tasks = rl_tasks(cfg.data, cfg.environment, tokenizer=self.tokenizer, max_prompt_len=max_prompt)
@@ -265,9 +271,11 @@ class RLRuntime:
         progress: str,
     ) -> Rollouts:
         """G rollouts per problem with one environment (`env` its config, `environment` its workers),
-        groups numbered from `next_group_id`. With `env.agent` the user's agent plays them through the
-        endpoint (`run_agent_rollouts`)."""
+        groups numbered from `next_group_id`, each turn at most `env`'s max_new_tokens
+        (`turn_token_limit`). With `env.agent` the user's agent plays them through the endpoint
+        (`run_agent_rollouts`)."""
         cfg = self.cfg
+        params = dataclasses.replace(params, max_new_tokens=turn_token_limit(cfg.generation, env))
         out = (run_rollouts if env.agent is None else functools.partial(run_agent_rollouts, agent=env.agent))(
             problems,
             generations_per_prompt=generations,
