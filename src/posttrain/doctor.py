@@ -92,39 +92,28 @@ def check_gpus(found: list[tuple[str, int]], wanted: int) -> Check:
 
 
 # ------------------------------------------------------------------------------- machine checks
-BF16_MATMUL_FLAGS = ("amx_bf16", "avx512_bf16")
-"""CPU flags of bf16 matrix instructions: with neither, a bf16 matmul is no faster than fp32's."""
-
-
-def cpu_flags() -> set[str]:
-    """The first processor's flags in /proc/cpuinfo (empty where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def check_cpu_bf16(flags: set[str], gpus: int, bf16_rollouts: bool) -> Check:
     """On a CPU run, whether rollouts from bf16 weights (`generation.hf.dtype=bfloat16`) pay here:
     measured ~2x fp32's decoding with AVX-512 BF16, no faster with AVX2 alone (docs/benchmarks.md)."""
+    from posttrain.modeling.cpu import BF16_MATMUL_FLAGS
+
     name = "bf16 on CPU"
     if gpus > 0:
         return Check(name, "ok", "GPU run: not used")
-    found = [f for f in BF16_MATMUL_FLAGS if f in flags]
+    found = ", ".join(f for f in BF16_MATMUL_FLAGS if f in flags)
     if found:
-        detail = f"bf16 matmuls ({', '.join(found)})"
-        if bf16_rollouts:
-            return Check(name, "ok", detail + ": rollouts decode from bf16 weights")
-        return Check(
-            name, "ok", detail + ": generation.hf.dtype=bfloat16 decodes ~2x faster, training stays fp32"
+        hint = (
+            "rollouts decode from bf16 weights"
+            if bf16_rollouts
+            else "generation.hf.dtype=bfloat16 decodes ~2x faster"
         )
+        return Check(name, "ok", f"bf16 matmuls ({found}): {hint}")
+    detail = "no bf16 matmuls (no AVX-512 BF16 or AMX): "
     if bf16_rollouts:
-        detail = "no bf16 matmuls (no AVX-512 BF16 or AMX): bf16 rollouts decode no faster than fp32 here"
-        return Check(name, "warn", detail, "generation.hf.dtype=auto")
-    return Check(name, "ok", "no bf16 matmuls (no AVX-512 BF16 or AMX): fp32 rollouts, the default")
+        return Check(
+            name, "warn", detail + "bf16 rollouts decode no faster than fp32", "generation.hf.dtype=auto"
+        )
+    return Check(name, "ok", detail + "fp32 rollouts, the default")
 
 
 def check_versions() -> Check:
@@ -416,6 +405,8 @@ def run_checks(config: BaseModel | None, *, algorithm: str = "grpo") -> list[Che
     checks = [check_versions(), check_gpus(visible_gpus(), gpus)]
     checks.append(check_ray(backend, getattr(cluster, "num_nodes", 1), gpus))
     checks.append(check_vllm(needed=getattr(gen, "backend", "hf") == "vllm"))
+    from posttrain.modeling.cpu import cpu_flags
+
     hf_dtype = getattr(getattr(gen, "hf", None), "dtype", "auto")
     bf16_rollouts = hf_dtype == "bfloat16" and getattr(policy, "dtype", "float32") != "bfloat16"
     checks.append(check_cpu_bf16(cpu_flags(), gpus, bf16_rollouts and getattr(gen, "backend", "hf") == "hf"))
