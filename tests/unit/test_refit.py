@@ -81,6 +81,18 @@ def test_checksum_is_the_same_for_fused_and_split_layouts():
     assert weights_checksum([q, q]) == (3.0, 5.0)  # one tensor passed twice (tied weights) counts once
 
 
+def test_checksum_of_a_tensor_spanning_several_chunks_is_exact():
+    from posttrain.weights.refit import CHECKSUM_CHUNK
+
+    # 2 chunks and 9 elements of the values -3..3: every partial sum is an integer, exact in float64
+    w = (torch.arange(2 * CHECKSUM_CHUNK + 9) % 7 - 3).float()
+    n = w.numel()
+    cycles, rest = divmod(n, 7)
+    tail = [i % 7 - 3 for i in range(cycles * 7, n)]  # the last partial cycle: -3, -2, ...
+    assert weights_checksum([w]) == (float(sum(tail)), float(cycles * 28 + sum(x * x for x in tail)))
+    assert weights_checksum([w], torch.bfloat16) == weights_checksum([w])  # small integers: exact in bf16
+
+
 def test_bucket_plan_groups_by_dtype_and_gives_a_large_tensor_its_own_bucket():
     specs = [(k, tuple(v.shape), v.dtype) for k, v in _state().items()]
     layouts = plan_buckets(specs, bucket_bytes=24)
