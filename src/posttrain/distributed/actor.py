@@ -29,6 +29,7 @@ from posttrain.weights.refit import (
     SharedSnapshot,
     SharedWeightsHandle,
     host_refit_store,
+    load_named,
     pack_state_dict,
     plan_buckets,
     send_buckets,
@@ -131,16 +132,10 @@ class ActorPolicy(Sampling, Policy):
         """The trained model, or its copy in generation.hf.dtype."""
         return self.model if self.sampler_copy is None else self.sampler_copy
 
-    @torch.no_grad()
     def refit_sampler_copy(self) -> int:
         """Cast the trained weights into the sampler copy (LoRA: merged; FSDP2: gathered, every rank
         in step); returns the number of tensors."""
-        own = self.sampler_copy.state_dict()
-        count = 0
-        for name, tensor in self.generator_weights():
-            own[name].copy_(tensor)
-            count += 1
-        return count
+        return load_named(self.sampler_copy, self.generator_weights())
 
     def shared_weights_handle(self) -> SharedWeightsHandle | None:
         """Split placement on one machine: where generation workers map this rank's weights."""

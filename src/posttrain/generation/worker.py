@@ -23,6 +23,7 @@ from posttrain.weights.refit import (
     RefitGroup,
     SharedWeightsHandle,
     SnapshotReader,
+    load_named,
     load_packed,
     receive_buckets,
     unpack,
@@ -146,14 +147,8 @@ class GenerationWorker(Sampling):
             self.weights_version = self.shared.published_version()
             if self.engine is not None:
                 return self.engine.load_weights(self.shared.views)
-            self._copy_shared()
+            load_named(self.model, self.shared.views)
         return len(self.shared.views)
-
-    @torch.no_grad()
-    def _copy_shared(self) -> None:
-        own = dict(self.model.named_parameters())
-        for name, tensor in self.shared.views:
-            own[name].copy_(tensor)
 
     def poll_snapshot(self) -> int | None:
         """Partial rollouts: load the shared snapshot if it holds a newer version than this worker's
@@ -162,7 +157,7 @@ class GenerationWorker(Sampling):
             version = self.shared.published_version()
             if version is None or version <= self.weights_version:
                 return None
-            self._copy_shared()
+            load_named(self.model, self.shared.views)
         self.weights_version = version
         return version
 

@@ -134,12 +134,18 @@ def unpack(buckets: list[PackedBucket]) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, bucket.buffer[offset : offset + math.prod(shape)].view(shape)
 
 
-@torch.no_grad()
 def load_packed(model: torch.nn.Module, buckets: list[PackedBucket]) -> int:
     """Copy packed tensors into the model's parameters and buffers; returns the number of tensors."""
+    return load_named(model, unpack(buckets))
+
+
+@torch.no_grad()
+def load_named(model: torch.nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy (name, tensor) pairs into the model's state of those names, cast to its dtype; returns
+    the number of tensors."""
     own = model.state_dict()
     count = 0
-    for name, tensor in unpack(buckets):
+    for name, tensor in named:
         own[name].copy_(tensor)
         count += 1
     return count
