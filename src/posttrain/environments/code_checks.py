@@ -39,6 +39,7 @@ import collections
 import json
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -430,6 +431,70 @@ def check_passes(check: Check, output: Any) -> bool:
         return bool(abs(output - check.expected) < check.tol)
     except Exception:  # e.g. OverflowError: an int too large for a float
         return False
+
+
+TRIVIAL_OUTPUTS: tuple[Any, ...] = (None, True, False, 0, 1, -1, "", [], (), {}, set())
+"""What a constant reply returns, for `trivial_tests`: a reply that reads nothing of its input."""
+
+
+def _call_arguments(call: str) -> list[Any]:
+    """The arguments of a check's call (`__posttrain_args__(...)`), positional then by keyword, up
+    to the first that is not a constant (`constant`)."""
+    node = ast.parse(call, mode="eval").body
+    if not isinstance(node, ast.Call):
+        return []
+    values = []
+    for arg in [*node.args, *(k.value for k in node.keywords)]:
+        try:
+            values.append(constant(arg))
+        except Unsupported:
+            break
+    return values
+
+
+def shown_tests(task: dict[str, Any], plan: list[list[Check]]) -> list[bool]:
+    """Per test, whether the prompt shows it as an example: every call of the test is a `>>> f(...)`
+    line of the task's prelude or messages (compared as parsed calls). A reply can pass such a test
+    by a lookup of the prompt, without doing the task."""
+    entry = task.get("entry_point") or ""
+    texts = [task.get("prelude") or ""] + [str(m.get("content", "")) for m in task.get("messages") or []]
+    shown = set()
+    for line in "\n".join(texts).splitlines():
+        line = line.strip()
+        if not line.startswith(">>> "):
+            continue
+        try:
+            node = ast.parse(line[4:], mode="eval").body
+        except SyntaxError:
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == entry:
+            shown.add(ast.unparse(ast.Call(ast.Name(ARGS_FN, ast.Load()), node.args, node.keywords)))
+    return [all(ast.unparse(ast.parse(c.call, mode="eval").body) in shown for c in checks) for checks in plan]
+
+
+def trivial_passes(plan: list[list[Check]], counted: list[bool] | None = None) -> int:
+    """How many of the task's tests (those `counted`, default all) the best trivial reply passes: one
+    that returns the same constant on every call (any of `TRIVIAL_OUTPUTS` or of the values the task's
+    checks expect), or one of its arguments unchanged (the i-th, on every call). `assert
+    most_frequent([]) == None` passes `return None`; a yes/no task's `True` or `False` passes every
+    test of its answer; the commonest expected value passes every test that expects it. Such passes
+    show nothing about whether the reply does the task: the code environment's
+    `reward="beyond_trivial"` pays only the tests passed beyond this count."""
+    counted = [True] * len(plan) if counted is None else counted
+    arguments = [[_call_arguments(c.call) for c in checks] for checks in plan]
+    width = min((len(args) for per_test in arguments for args in per_test), default=0)
+    outputs = list(TRIVIAL_OUTPUTS) + [c.expected for checks in plan for c in checks if c.kind != "true"]
+    candidates: list[Callable[[list[Any]], Any]] = [lambda _args, out=out: out for out in outputs]
+    candidates += [lambda args, i=i: args[i] for i in range(width)]
+    best = 0
+    for reply in candidates:
+        passed = sum(
+            all(check_passes(c, reply(args)) for c, args in zip(checks, per_test, strict=True))
+            for checks, per_test, count in zip(plan, arguments, counted, strict=True)
+            if count
+        )
+        best = max(best, passed)
+    return best
 
 
 def describe_output(output: Any) -> str:
