@@ -292,14 +292,21 @@ def main() -> None:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"\nwrote {args.out / 'summary.json'}")
     if args.plot:
-        runs = {args.config.stem: results}
+        runs = {run_label(args.config, args.set, args.out): results}
         for other in args.compare:
             other_summary = json.loads((other / "summary.json").read_text())
-            runs[Path(other_summary["recipe"]).stem] = [
+            label = run_label(Path(other_summary["recipe"]), other_summary.get("overrides", []), other)
+            runs[label if label not in runs else f"{label} ({other.name})"] = [
                 {**r, "val_accuracy": {int(s): v for s, v in r["val_accuracy"].items()}}
                 for r in other_summary["seeds"]
             ]
         plot_seeds(args.plot, runs, f"held-out accuracy, {cpu_model()}")
+
+
+def run_label(recipe: Path, overrides: list[str], out: Path) -> str:
+    """A run's name in the plot's legend: the recipe and its overrides, or its folder when it has
+    none (two runs of one recipe then stay two series)."""
+    return f"{recipe.stem} {' '.join(overrides)}" if overrides else f"{recipe.stem} ({out.name})"
 
 
 if __name__ == "__main__":
