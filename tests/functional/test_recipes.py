@@ -131,6 +131,7 @@ def test_message_penalties_run_a_step_on_the_calculator_recipe(tiny_model_dir: P
 
 
 WARM_STARTS = {
+    "code": ("examples/code_transcripts.py", None, "sft_code_docstring.yaml", "grpo_code_docstring_sft.yaml"),
     "wordle": ("examples/wordle_transcripts.py", "{}", "sft_wordle.yaml", "grpo_wordle_sft.yaml"),
     "text2sql": (
         "examples/text2sql_transcripts.py",
@@ -152,8 +153,9 @@ def test_warm_start_recipes_chain(name: str, tiny_model_dir: Path, tmp_path: Pat
     path, env, sft_recipe, grpo_recipe = WARM_STARTS[name]
     script = runpy.run_path(path, run_name="transcripts")
     train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
-    script["main"]([str(train), "--count", "8", "--env", env])
-    script["main"]([str(held), "--count", "4", "--seed", "99999", "--split", "heldout", "--env", env])
+    env_args = ["--env", env] if env is not None else []
+    script["main"]([str(train), "--count", "8", *env_args])
+    script["main"]([str(held), "--count", "4", "--seed", "99999", "--split", "heldout", *env_args])
     common = ["cluster.backend=local", "logging.tensorboard=false"]
     sft_dir = tmp_path / "sft"
     sft = ["sft", "--config", f"examples/configs/{sft_recipe}", f"policy.model_name={tiny_model_dir}"]

@@ -6,9 +6,11 @@ disjointness from HumanEval itself (no entry point, no 8-word run of any prompt)
 from __future__ import annotations
 
 import ast
+import json
 import random
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from posttrain.environments.code_docstring import (
     HUMANEVAL_PROMPT,
     DocTemplate,
     docstring_task,
+    generate_docstring_solutions,
     generate_docstring_tasks,
     reference_body,
     templates_of,
@@ -288,3 +291,31 @@ def test_trivial_replies_and_the_example_table_earn_nothing_beyond_trivial(env: 
     assert r.rewards[wrong:] == [1.0] * len(tasks) and all(r.scored)
     # the hacks do pass tests (what reward="fraction" pays them): a quarter of them pass one or more
     assert sum(i["tests_passed"] > 0 for i in r.info[:wrong]) > wrong / 4
+
+
+def test_the_solutions_are_the_tasks_draws_with_the_reference_after_the_def_line() -> None:
+    """`generate_docstring_solutions` draws exactly `generate_docstring_tasks`'s tasks (same seed, same
+    split); each solution is the prompt's imports and def line (no docstring) and a body."""
+    for split in ("train", "heldout"):
+        pairs = generate_docstring_solutions(40, 7, split)
+        assert [task for task, _ in pairs] == generate_docstring_tasks(40, 7, split)
+        for task, solution in pairs:
+            header = task["prelude"].split('    """', 1)[0]
+            assert solution.startswith(header) and '"""' not in solution
+            assert f"def {task['entry_point']}(" in header and solution[len(header) :].startswith("    ")
+
+
+@pytest.mark.slow  # 120 sandbox runs
+def test_the_sft_transcripts_replies_score_one(env: CodeEnvironment, tmp_path: Path) -> None:
+    """`examples/code_transcripts.py` writes the prompt and a reference reply per training task; each
+    reply, as written, scores 1 through the environment with reward "all" (120 tasks, most templates)."""
+    import runpy
+
+    script = runpy.run_path("examples/code_transcripts.py", run_name="transcripts")
+    script["main"]([str(tmp_path / "sft.jsonl"), "--count", "120"])
+    rows = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert [r["task"] for r in rows] == generate_docstring_tasks(120, 11, "train")
+    assert all(r["messages"][:-1] == r["task"]["messages"] for r in rows)
+    r = env.step([row["messages"] for row in rows], [row["task"] for row in rows])
+    assert r.rewards == [1.0] * len(rows), [i["error"] for i in r.info if not i["correct"]][:3]
+    assert len({row["task"]["task_id"].split("/")[1] for row in rows}) >= 30  # most training templates

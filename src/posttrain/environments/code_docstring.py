@@ -25,7 +25,7 @@ import random
 import re
 import string
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from posttrain.environments.code_docstring_inputs import Args, DocTemplate
@@ -173,10 +173,24 @@ def docstring_task(
 def generate_docstring_tasks(count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
     """`count` HumanEval-shaped tasks drawn from `seed` (offline) from the templates of `split`
     ("train", "heldout" or None: all)."""
+    return [task for task, _ in _draw_tasks(count, seed, split)]
+
+
+def generate_docstring_solutions(
+    count: int, seed: int, split: str | None = None
+) -> list[tuple[dict[str, Any], str]]:
+    """The tasks of `generate_docstring_tasks(count, seed, split)`, each with its reference solution:
+    the prompt's imports and `def` line, then the template's reference body (no docstring). For an
+    SFT warm start (`examples/code_transcripts.py`); a reply of it in a python block scores 1."""
+    return list(_draw_tasks(count, seed, split))
+
+
+def _draw_tasks(count: int, seed: int, split: str | None) -> Iterator[tuple[dict[str, Any], str]]:
     rng = random.Random(seed)
     templates = templates_of(split)
-    tasks = []
     for _ in range(count):
         template = rng.choice(templates)
-        tasks.append(docstring_task(template, rng.choice(template.names), template.constants(rng), rng))
-    return tasks
+        name, constants = rng.choice(template.names), template.constants(rng)
+        task = docstring_task(template, name, constants, rng)
+        header = task["prelude"].split('    """', 1)[0]
+        yield task, header + reference_body(template, constants)
