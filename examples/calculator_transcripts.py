@@ -23,11 +23,12 @@ the episodes' format) and the family to learn from (`operation`, `digits`, `phra
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from pathlib import Path
 
+from posttrain.data.transcripts import transcripts_parser
+from posttrain.data.transcripts import write_transcripts as write_rows
 from posttrain.environments.calculator import CalculatorEnvironment, oracle_transcript
 
 
@@ -37,25 +38,17 @@ def write_transcripts(
     """Write the transcripts of `count` tasks of `split` drawn from `seed`, shared out among `envs`
     (task families: one operation each, say) and interleaved, so that every batch mixes them;
     returns the number written."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     shares = [count // len(envs) + (i < count % len(envs)) for i in range(len(envs))]
     per_env = [
         [(env, t) for t in env.generate_tasks(n, seed + i, split=split)]  # family i draws from seed + i
         for i, (env, n) in enumerate(zip(envs, shares, strict=True))
     ]
     rows = [row for group in itertools.zip_longest(*per_env) for row in group if row is not None]
-    with open(out, "w") as f:
-        for env, task in rows:
-            f.write(json.dumps({"messages": oracle_transcript(env, task), "task": task}) + "\n")
-    return len(rows)
+    return write_rows(out, ((oracle_transcript(env, task), task) for env, task in rows))
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the JSONL file to write")
-    parser.add_argument("--count", type=int, default=2000, help="tasks (one transcript each)")
-    parser.add_argument("--seed", type=int, default=11, help="seed of the draw")
-    parser.add_argument("--split", choices=["train", "heldout"], default="train", help="the pool of tasks")
+    parser = transcripts_parser(__doc__, count=2000, seed=11, pool="tasks")
     parser.add_argument(
         "--env",
         action="append",

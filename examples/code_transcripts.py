@@ -14,26 +14,18 @@ the files as `data.train.path` and `data.validation.path`:
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
+from posttrain.data.transcripts import transcripts_parser, write_transcripts
 from posttrain.environments.code_docstring import generate_docstring_solutions
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the JSONL file to write")
-    parser.add_argument("--count", type=int, default=2000, help="tasks (one transcript each)")
-    parser.add_argument("--seed", type=int, default=11, help="seed of the draw")
-    parser.add_argument("--split", choices=["train", "heldout"], default="train", help="the templates' split")
-    args = parser.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        for task, solution in generate_docstring_solutions(args.count, args.seed, args.split):
-            reply = {"role": "assistant", "content": f"```python\n{solution}```"}
-            f.write(json.dumps({"messages": [*task["messages"], reply], "task": task}) + "\n")
-    print(f"wrote {args.count} transcripts of {args.split} templates to {args.out}")
+    args = transcripts_parser(__doc__, count=2000, seed=11, pool="templates").parse_args(argv)
+    rows = (
+        ([*task["messages"], {"role": "assistant", "content": f"```python\n{solution}```"}], task)
+        for task, solution in generate_docstring_solutions(args.count, args.seed, args.split)
+    )
+    written = write_transcripts(args.out, rows)
+    print(f"wrote {written} transcripts of {args.split} templates to {args.out}")
 
 
 if __name__ == "__main__":

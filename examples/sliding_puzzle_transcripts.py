@@ -20,10 +20,11 @@ only has to be long enough for the shuffles. The assistant turns are the same wi
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+from posttrain.data.transcripts import transcripts_parser
+from posttrain.data.transcripts import write_transcripts as write_rows
 from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, oracle_transcript
 
 
@@ -38,22 +39,16 @@ def write_transcripts(
     """Write `count` transcripts of puzzles of `split` drawn from `seed`; returns the number of moves.
     Held-out boards are hidden (`oracle_transcript`'s hide_heldout) in training transcripts unless
     `show_heldout`."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    moves = 0
-    with open(out, "w") as f:
-        for task in env.generate_tasks(count, seed, split=split):
-            messages = oracle_transcript(env, task, hide_heldout=split == "train" and not show_heldout)
-            moves += sum(m["role"] == "assistant" for m in messages)
-            f.write(json.dumps({"messages": messages, "task": task}) + "\n")
-    return moves
+    rows = [
+        (oracle_transcript(env, task, hide_heldout=split == "train" and not show_heldout), task)
+        for task in env.generate_tasks(count, seed, split=split)
+    ]
+    write_rows(out, rows)
+    return sum(m["role"] == "assistant" for messages, _ in rows for m in messages)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the JSONL file to write")
-    parser.add_argument("--count", type=int, default=4000, help="puzzles (one transcript each)")
-    parser.add_argument("--seed", type=int, default=7, help="seed of the draw")
-    parser.add_argument("--split", choices=["train", "heldout"], default="train", help="the pool of boards")
+    parser = transcripts_parser(__doc__, count=4000, seed=7, pool="boards")
     parser.add_argument("--env", default="{}", help="SlidingPuzzleEnvironment keyword arguments, as JSON")
     parser.add_argument(
         "--show-heldout",

@@ -13,28 +13,21 @@ writes a validation set for the SFT loss. `posttrain sft` reads the files as `da
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
+from posttrain.data.transcripts import transcripts_parser, write_transcripts
 from posttrain.environments.text2sql import Text2SQLEnvironment, gold_transcript
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the JSONL file to write")
-    parser.add_argument("--count", type=int, default=1000, help="tasks (one transcript each)")
-    parser.add_argument("--seed", type=int, default=11, help="seed of the draw")
-    parser.add_argument("--split", choices=["train", "heldout"], default="train", help="the questions' split")
+    parser = transcripts_parser(__doc__, count=1000, seed=11, pool="questions")
     parser.add_argument("--env", default="{}", help="Text2SQLEnvironment keyword arguments, as JSON")
     args = parser.parse_args(argv)
     env = Text2SQLEnvironment(**json.loads(args.env))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        for task in env.generate_tasks(args.count, args.seed, split=args.split):
-            f.write(json.dumps({"messages": gold_transcript(env, task), "task": task}) + "\n")
+    tasks = env.generate_tasks(args.count, args.seed, split=args.split)
+    written = write_transcripts(args.out, ((gold_transcript(env, task), task) for task in tasks))
     env.close()
-    print(f"wrote {args.count} transcripts of {args.split} questions to {args.out}")
+    print(f"wrote {written} transcripts of {args.split} questions to {args.out}")
 
 
 if __name__ == "__main__":

@@ -20,12 +20,13 @@ holds the "<guess>" prefix and the generated "word</guess>".
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from posttrain.data.transcripts import transcripts_parser
+from posttrain.data.transcripts import write_transcripts as write_rows
 from posttrain.environments.wordle import History, WordleEnvironment, consistent_guesser, player_transcript
 
 
@@ -52,23 +53,20 @@ def write_transcripts(
     def policy(history: History, rng: random.Random, candidates: Sequence[str]) -> str:
         return opener if opener is not None and not history else reader(history, rng, candidates)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    guesses = solved = 0
-    with open(out, "w") as f:
-        for i, task in enumerate(env.generate_tasks(count, seed, split=split)):
-            messages = player_transcript(env, task, policy, seed + i)
-            guesses += sum(m["role"] == "assistant" for m in messages)
-            solved += messages[-1]["content"] == f"<guess>{env.secret_of(task, 0)}</guess>"
-            f.write(json.dumps({"messages": messages, "task": task}) + "\n")
+    rows = [
+        (player_transcript(env, task, policy, seed + i), task)
+        for i, task in enumerate(env.generate_tasks(count, seed, split=split))
+    ]
+    write_rows(out, rows)
+    guesses = sum(m["role"] == "assistant" for messages, _ in rows for m in messages)
+    solved = sum(
+        messages[-1]["content"] == f"<guess>{env.secret_of(task, 0)}</guess>" for messages, task in rows
+    )
     return guesses, solved
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the JSONL file to write")
-    parser.add_argument("--count", type=int, default=2000, help="games (one transcript each)")
-    parser.add_argument("--seed", type=int, default=11, help="seed of the draw")
-    parser.add_argument("--split", choices=["train", "heldout"], default="train", help="the pool of secrets")
+    parser = transcripts_parser(__doc__, count=2000, seed=11, pool="secrets")
     parser.add_argument("--env", default="{}", help="WordleEnvironment keyword arguments, as JSON")
     parser.add_argument(
         "--guess-heldout",
