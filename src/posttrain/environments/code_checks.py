@@ -497,6 +497,14 @@ def trivial_passes(plan: list[list[Check]], counted: list[bool] | None = None) -
     return best
 
 
+def credit(task: dict[str, Any], plan: list[list[Check]]) -> dict[str, Any]:
+    """What the code environment's `reward="beyond_trivial"` counts on a host-decided task:
+    "credited_tests" (per test: not shown in the prompt as an example, `shown_tests`) and
+    "trivial_passes" (how many of those the best trivial reply passes, `trivial_passes`)."""
+    credited = [not shown for shown in shown_tests(task, plan)]
+    return {"credited_tests": credited, "trivial_passes": trivial_passes(plan, credited)}
+
+
 def describe_output(output: Any) -> str:
     """A short description of an output for error messages."""
     if isinstance(output, Failed):
