@@ -205,9 +205,8 @@ def _host_tally(plan: list[list[Check]], result: Any) -> tuple[list[bool], str]:
     the outputs of the last outputs frame; no valid frame, nothing passes."""
     outputs = parse_outputs(result.stdout, sum(len(checks) for checks in plan))
     if outputs is None:
-        return [False] * len(
-            plan
-        ), "no result from the harness (the program ended before writing its outputs); "
+        why = "no result from the harness (the program ended before writing its outputs); "
+        return [False] * len(plan), why
     passed, failures, start = [], [], 0
     for checks in plan:
         mine, start = outputs[start : start + len(checks)], start + len(checks)
