@@ -26,6 +26,7 @@ RECIPES = {
     "grpo_wordle.yaml": "env/solved_rate",
     "grpo_text2sql.yaml": "env/sql_rate",
     "grpo_text2sql_novel.yaml": "env/sql_rate",
+    "grpo_text2sql_novel_short.yaml": "env/sql_rate",
     "grpo_wordle_sft.yaml": "env/solved_rate",
     "grpo_wordle_candidates.yaml": "env/solved_rate",
     "grpo_wordle_scan.yaml": "env/solved_rate",
@@ -137,8 +138,8 @@ WARM_STARTS = {
     "text2sql": (
         "examples/text2sql_transcripts.py",
         '{"sql_prefix": true}',
-        "sft_text2sql.yaml",
-        "grpo_text2sql_novel.yaml",
+        "sft_text2sql_short.yaml",
+        "grpo_text2sql_novel_short.yaml",
     ),
 }
 
