@@ -4,7 +4,8 @@ Each turn the model writes exactly one guess inside `<guess>…</guess>` (read o
 every environment reads its answers; a last tag left open at the end counts, the closing tag being a
 stop string). A guess is valid when it is 5 ASCII letters (`[A-Za-z]{5}`; case is ignored, so
 `CRANE`, `Crane` and `crane` are one guess; any other character, such as a space, a digit, an
-accent or a look-alike letter from another alphabet, makes it invalid) and in the allowed list.
+accent or a look-alike letter from another alphabet, makes it invalid, except that a game with
+`spelled=True` also takes the letters one space apart, `C R A N E`) and in the allowed list.
 A valid guess gets Wordle's feedback for each letter:
 
 - green: the right letter in the right place;
