@@ -185,8 +185,11 @@ def candidates_line(candidates: Sequence[str], spelled: bool = False) -> str:
 def instructions(max_guesses: int, candidates: Sequence[str] = (), spelled: bool = False) -> str:
     """The first user message: the rules, the candidate words when the game lists them, and the answer
     format (with `spelled`, the words and the example guess letter by letter)."""
+    after_list = "\n" if spelled else " "  # a spelled list ends on its own line
     listed = (
-        f"{candidates_line(candidates, spelled)}\nGuess only words from this list.\n" if candidates else ""
+        f"{candidates_line(candidates, spelled)}{after_list}Guess only words from this list.\n"
+        if candidates
+        else ""
     )
     example = spell(EXAMPLE_GUESS) if spelled else EXAMPLE_GUESS
     return (
@@ -492,6 +495,19 @@ def consistent_guesser(words: Sequence[str] = ()) -> Policy:
     def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
         left = _unguessed(fixed, candidates, history)
         return rng.choice([w for w in left if fits_feedback(w, history)] or left)
+
+    return policy
+
+
+def first_fit_guesser(words: Sequence[str] = ()) -> Policy:
+    """The first word of `words` (or, when empty, of the game's candidate words), in order, not guessed
+    yet and fitting every feedback so far (the first unguessed word if none fits). Deterministic: the
+    player of `wordle_scan`'s transcripts."""
+    fixed = sorted(words)
+
+    def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
+        left = _unguessed(fixed, candidates, history)
+        return next((w for w in left if fits_feedback(w, history)), left[0])
 
     return policy
 

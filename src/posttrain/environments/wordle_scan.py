@@ -21,23 +21,11 @@ uniform choice of `consistent_guesser` has no single right next token to learn i
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
-from posttrain.environments.wordle import History, Policy, feedback, fits_feedback, spell
+from posttrain.environments.wordle import History, feedback, first_fit_guesser, fits_feedback, spell
 
-
-def first_fit_guesser(words: Sequence[str] = ()) -> Policy:
-    """The first word of `words` (or, when empty, of the game's candidate words), in order, not guessed
-    yet and fitting every feedback so far (the first unguessed word if none fits). Deterministic."""
-    fixed = list(words)
-
-    def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
-        guessed = {g for g, _ in history}
-        left = [w for w in fixed or candidates if w not in guessed]
-        return next((w for w in left if fits_feedback(w, history)), left[0])
-
-    return policy
+__all__ = ["first_fit_guesser", "rule_out", "scan_reply"]
 
 
 def rule_out(word: str, guess: str, colours: Sequence[str]) -> str | None:
