@@ -283,3 +283,33 @@ def test_gold_transcripts_are_the_episodes_and_pay_one(env: Text2SQLEnvironment,
         assert score(prefixed, row["task"], row["messages"][-1]["content"])[0] == 1.0
         assert question_split(row["task"]["question"]) == "train"
     prefixed.close()
+
+
+def test_databases_are_removed_by_close_collection_or_exit() -> None:
+    """close() removes the databases' folder; an environment nobody closes removes it when collected,
+    and at interpreter exit (a copy in a worker or an evaluation must not leave its databases in /tmp)."""
+    import gc
+    import pickle
+    import subprocess
+    import sys
+
+    closed = Text2SQLEnvironment()
+    task = closed.generate_tasks(1, seed=0)[0]
+    folder = closed.database(task["db_seed"]).parent
+    copy = pickle.loads(pickle.dumps(closed))  # a copy builds its own folder
+    copy_folder = copy.database(task["db_seed"]).parent
+    assert folder.is_dir() and copy_folder.is_dir() and copy_folder != folder
+    closed.close()
+    closed.close()  # idempotent
+    assert not folder.exists() and copy_folder.is_dir()
+    del copy
+    gc.collect()
+    assert not copy_folder.exists()
+    code = (
+        "from posttrain.environments.text2sql import Text2SQLEnvironment as E\n"
+        "e = E()\n"
+        "print(e.database(e.generate_tasks(1, seed=0)[0]['db_seed']).parent)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    exited = Path(out.strip().splitlines()[-1])
+    assert exited.name.startswith("posttrain-text2sql-") and not exited.exists()

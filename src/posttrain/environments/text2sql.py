@@ -29,6 +29,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -312,6 +313,7 @@ class Text2SQLEnvironment:
         self.questions = questions
         self.examples = [dict(m) for m in examples or ()] + (worked_example_turns() if worked_example else [])
         self._folder: Path | None = None
+        self._remove_folder: weakref.finalize | None = None
 
     def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
         """`count` tasks drawn from `seed`: a database seed and a question of the `questions` set with
@@ -335,6 +337,10 @@ class Text2SQLEnvironment:
         """The file of `db_seed`'s database, built on first use."""
         if self._folder is None:
             self._folder = Path(tempfile.mkdtemp(prefix="posttrain-text2sql-"))
+            # removed by close(), else when this object is collected or the interpreter exits: a copy
+            # of the environment (unpickled in a worker, built by an evaluation) that no one closes
+            # must not leave its databases behind
+            self._remove_folder = weakref.finalize(self, shutil.rmtree, self._folder, True)
         path = self._folder / f"{int(db_seed)}.sqlite"
         if not path.exists():
             partial = path.with_suffix(".partial")
@@ -395,12 +401,12 @@ class Text2SQLEnvironment:
 
     def close(self) -> None:
         """Remove the databases' folder."""
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
+        if self._remove_folder is not None:
+            self._remove_folder()  # rmtree, once
+        self._folder = self._remove_folder = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_folder": None}
+        return {**self.__dict__, "_folder": None, "_remove_folder": None}
 
 
 def gold_transcript(env: Text2SQLEnvironment, task: dict[str, Any]) -> list[Message]:
