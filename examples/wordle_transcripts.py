@@ -21,6 +21,8 @@ and the generated "word</guess>".
 `--scan` (games that list their words letter by letter: `--env '{"candidates": 16, "spelled": true}'`)
 plays `wordle_scan.first_fit_guesser` instead and writes each turn as `wordle_scan.scan_reply`: every
 word still possible checked against the newest feedback inside `<think>`, then the first that fits.
+`--absent` (the same spelled games with `"summary": true`) plays `wordle_scan.first_clean_guesser`: the
+first listed word with no letter known to be absent, each turn written as `wordle_scan.absent_reply`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ from posttrain.environments.wordle import (
     player_transcript,
     spell,
 )
-from posttrain.environments.wordle_scan import first_fit_guesser, scan_reply
+from posttrain.environments.wordle_scan import (
+    absent_reply,
+    first_clean_guesser,
+    first_fit_guesser,
+    scan_reply,
+)
 
 
 def write_transcripts(
@@ -51,15 +58,21 @@ def write_transcripts(
     guess_heldout: bool = False,
     opener: str | None = None,
     scan: bool = False,
+    absent: bool = False,
 ) -> tuple[int, int]:
     """Write `count` games of `split` drawn from `seed`; returns (guesses, games solved). Unless
     `guess_heldout` (or `split` is "heldout"), the player never guesses a held-out secret; with
     `opener`, every game's first guess is that word; with `scan`, the first listed word that fits,
-    each turn written with its check (`scan_reply`)."""
-    if scan and not (env.candidates and env.spelled):
+    each turn written with its check (`scan_reply`); with `absent`, the first listed word with no
+    absent letter, written with that check (`absent_reply`)."""
+    if (scan or absent) and not (env.candidates and env.spelled):
         raise SystemExit(
-            "--scan plays games that list their words spelled: give --env candidates and spelled"
+            "--scan and --absent play games that list their words spelled: give --env candidates and spelled"
         )
+    if absent and not env.summary:
+        raise SystemExit('--absent copies the observation\'s "not in the word" list: give --env summary')
+    if scan and absent:
+        raise SystemExit("--scan and --absent are two players: give one")
     words = env.words.allowed
     if split == "train" and not guess_heldout:
         words = words - frozenset(env.words.pool("heldout"))
@@ -71,10 +84,13 @@ def write_transcripts(
     def policy(history: History, rng: random.Random, candidates: Sequence[str]) -> str:
         return opener if opener is not None and not history else reader(history, rng, candidates)
 
+    writer = None
     if scan:
-        policy = first_fit_guesser()
+        policy, writer = first_fit_guesser(), scan_reply
+    if absent:
+        policy, writer = first_clean_guesser(), absent_reply
     rows = [
-        (player_transcript(env, task, policy, seed + i, scan_reply if scan else None), task)
+        (player_transcript(env, task, policy, seed + i, writer), task)
         for i, task in enumerate(env.generate_tasks(count, seed, split=split))
     ]
     write_rows(out, rows)
@@ -101,10 +117,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--scan", action="store_true", help="the first listed word that fits, each turn with its check"
     )
+    parser.add_argument(
+        "--absent",
+        action="store_true",
+        help="the first listed word with no letter known to be absent, each turn with that check",
+    )
     args = parser.parse_args(argv)
     env = WordleEnvironment(**json.loads(args.env))
     guesses, solved = write_transcripts(
-        args.out, env, args.count, args.seed, args.split, args.guess_heldout, args.opener, args.scan
+        args.out,
+        env,
+        args.count,
+        args.seed,
+        args.split,
+        args.guess_heldout,
+        args.opener,
+        args.scan,
+        args.absent,
     )
     print(f"wrote {args.count} games ({guesses} guesses, {solved} solved) to {args.out}")
 

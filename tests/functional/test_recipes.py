@@ -30,6 +30,7 @@ RECIPES = {
     "grpo_wordle_sft.yaml": "env/solved_rate",
     "grpo_wordle_candidates.yaml": "env/solved_rate",
     "grpo_wordle_scan.yaml": "env/solved_rate",
+    "grpo_wordle_absent.yaml": "env/solved_rate",
 }
 
 

@@ -446,7 +446,12 @@ def test_reference_policies_solve_rates_pinned() -> None:
 
 @pytest.mark.parametrize(
     ("recipe", "turns"),
-    [("grpo_wordle.yaml", 6), ("grpo_wordle_candidates.yaml", 4), ("grpo_wordle_scan.yaml", 4)],
+    [
+        ("grpo_wordle.yaml", 6),
+        ("grpo_wordle_candidates.yaml", 4),
+        ("grpo_wordle_scan.yaml", 4),
+        ("grpo_wordle_absent.yaml", 4),
+    ],
 )
 def test_recipe_trains_on_the_training_pool_and_validates_on_the_heldout_pool(
     recipe: str, turns: int

@@ -16,6 +16,8 @@ from posttrain.environments.wordle import GREY as X
 from posttrain.environments.wordle import YELLOW as Y
 from posttrain.environments.wordle import (
     WordleEnvironment,
+    absent_letters,
+    board_summary,
     feedback,
     fits_feedback,
     parse_guess,
@@ -23,9 +25,17 @@ from posttrain.environments.wordle import (
     solve_rate,
     spell,
 )
-from posttrain.environments.wordle_scan import first_fit_guesser, rule_out, scan_reply
+from posttrain.environments.wordle_scan import (
+    absent_reply,
+    first_absent,
+    first_clean_guesser,
+    first_fit_guesser,
+    rule_out,
+    scan_reply,
+)
 
 SPELLED = {"max_guesses": 4, "candidates": 16, "spelled": True}
+ABSENT = {**SPELLED, "summary": True}
 _SPELLED_WORD = re.compile(r"\b[A-Z] [A-Z] [A-Z] [A-Z] [A-Z]\b")
 
 
@@ -66,8 +76,9 @@ def test_a_spelled_game_lists_its_words_one_a_line_and_takes_a_spelled_guess() -
         "<guess>{secret} S</guess>",  # six letters
     ],
 )
-def test_red_team_against_the_spelled_list_scores_zero(text: str) -> None:
-    env = WordleEnvironment(**SPELLED)
+@pytest.mark.parametrize("kwargs", [SPELLED, ABSENT], ids=["spelled", "spelled+summary"])
+def test_red_team_against_the_spelled_list_scores_zero(text: str, kwargs: dict) -> None:
+    env = WordleEnvironment(**kwargs)
     listed = env.reset([{"secret": SECRET}], [0])[0].metadata["candidates"]
     other = next(w for w in listed if w != SECRET)
     reply = text.format(
@@ -163,3 +174,85 @@ def test_scan_transcripts_replay_their_checks_and_list_only_training_words(tmp_p
         assert history[-1][0] == secret
     with pytest.raises(SystemExit, match="--scan"):
         script["write_transcripts"](out, WordleEnvironment(candidates=16), 2, seed=11, scan=True)
+
+
+def test_absent_letters_are_grey_and_never_green_or_yellow() -> None:
+    """Secret EARTH. EERIE: E green, E grey (one E only), R green, I grey, E grey: of the greys only I is
+    absent, the extra E copies say how many Es there are. BURST adds B, S, U (R green, T yellow)."""
+    eerie = feedback("earth", "eerie")
+    assert eerie == (G, X, G, X, X)
+    assert absent_letters([("eerie", eerie)]) == ["i"]
+    history = [("eerie", eerie), ("burst", feedback("earth", "burst"))]
+    assert absent_letters(history) == ["b", "i", "s", "u"]
+    assert board_summary(history).endswith("not in the word: B, I, S, U.")  # the observation's list
+    assert absent_letters([]) == []
+    assert first_absent("chess", ["b", "s", "u"]) == "s" and first_absent("earth", ["b", "s"]) is None
+
+
+def test_absent_reply_checks_the_words_in_order_up_to_the_first_clean_one() -> None:
+    """Listed BLAME, BURST, CHESS, EARTH, TIGER; secret EARTH; BURST guessed: B, S, U are absent. BLAME
+    has B, CHESS has S (its first absent letter in its own order: C and H are not absent), EARTH none:
+    the check stops there, TIGER is not written."""
+    listed = ["blame", "burst", "chess", "earth", "tiger"]
+    assert absent_reply([], "blame", listed) == "<guess>B L A M E</guess>"
+    history = [("burst", feedback("earth", "burst"))]
+    guess = first_clean_guesser()(history, None, listed)
+    assert guess == "earth"
+    assert absent_reply(history, guess, listed) == (
+        "<think>\nNot in the word: B S U\nB L A M E: B\nC H E S S: S\nE A R T H: ok\n</think>\n"
+        "<guess>E A R T H</guess>"
+    )
+    # every word left holds an absent letter: all are written, and the first one is guessed
+    stuck = [("tiger", feedback("burst", "tiger")), ("earth", feedback("burst", "earth"))]
+    assert absent_letters(stuck) == ["a", "e", "g", "h", "i"]
+    guess = first_clean_guesser()(stuck, None, ["blame", "chess", "earth", "tiger"])
+    assert guess == "blame"
+    assert absent_reply(stuck, guess, ["blame", "chess", "earth", "tiger"]) == (
+        "<think>\nNot in the word: A E G H I\nB L A M E: A\nC H E S S: H\n</think>\n<guess>B L A M E</guess>"
+    )
+
+
+def test_first_clean_player_solves_62_of_the_64_heldout_games() -> None:
+    """The absent-letter check alone (no positions, no green or yellow) on the recipe's held-out games
+    (16 held-out words, 4 guesses): 62 of 64, against the random guesser's 21 (25% expected)."""
+    env = WordleEnvironment(**ABSENT)
+    heldout = env.generate_tasks(64, seed=99999, split="heldout")
+    assert solve_rate(env, heldout, first_clean_guesser(), seed=0) == 62 / 64
+
+
+def test_absent_transcripts_copy_the_summary_and_check_every_word_right(tmp_path: Path) -> None:
+    """examples/wordle_transcripts.py --absent: each turn after the first copies the observation's "not
+    in the word" letters, names each word's first absent letter (or `ok`) in the list's order up to the
+    first clean word, and guesses that word; no held-out word appears in a training transcript."""
+    script = runpy.run_path("examples/wordle_transcripts.py", run_name="wordle_transcripts")
+    env = WordleEnvironment(**ABSENT)
+    out = tmp_path / "absent.jsonl"
+    guesses, solved = script["write_transcripts"](out, env, 100, seed=11, absent=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 85 <= solved < 100 and guesses == sum(len(r["messages"]) // 2 for r in rows)
+    heldout = set(env.words.pool("heldout"))
+    # the absent letters are listed sorted, and B E G I N once spells a held-out word: not a word shown
+    text = re.sub(r"Not in the word: [A-Z ]*", "", json.dumps([r["messages"] for r in rows]))
+    assert not {w.replace(" ", "").lower() for w in _SPELLED_WORD.findall(text)} & heldout
+    for row in rows:
+        secret, history = env.secret_of(row["task"], 0), []
+        users = [m["content"] for m in row["messages"][0::2]]
+        replies = [m["content"] for m in row["messages"][1::2]]
+        for observation, reply in zip(users, replies, strict=True):
+            absent = absent_letters(history)
+            if history:
+                listed = ", ".join(a.upper() for a in absent) or "none"
+                assert f"not in the word: {listed}." in observation
+                assert f"Not in the word: {' '.join(a.upper() for a in absent) or 'none'}\n" in reply
+            checks = re.findall(r"^([A-Z] [A-Z] [A-Z] [A-Z] [A-Z]): (\w+)$", reply, re.MULTILINE)
+            assert (not checks) == (not history)
+            for word, verdict in checks:
+                letter = first_absent(word.replace(" ", "").lower(), absent)
+                assert verdict == (letter.upper() if letter else "ok")
+            guess, outcome = parse_guess(reply, spelled=True)
+            assert outcome == "valid"
+            if checks and checks[-1][1] == "ok":
+                assert spell(guess) == checks[-1][0]
+            history.append((guess, feedback(secret, guess)))
+    with pytest.raises(SystemExit, match="summary"):
+        script["write_transcripts"](out, WordleEnvironment(**SPELLED), 2, seed=11, absent=True)

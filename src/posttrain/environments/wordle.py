@@ -220,18 +220,13 @@ def board_summary(history: History) -> str:
     and never green or yellow in any guess). A function of the history alone."""
     places = ["_"] * WORD_LENGTH
     elsewhere: dict[str, set[int]] = {}
-    seen = set()
     for guess, colours in history:
         for i, (letter, colour) in enumerate(zip(guess, colours, strict=True)):
             if colour == GREEN:
                 places[i] = letter.upper()
             elif colour == YELLOW:
                 elsewhere.setdefault(letter, set()).add(i + 1)
-            if colour != GREY:
-                seen.add(letter)
-    absent = sorted(
-        {g for guess, colours in history for g, c in zip(guess, colours, strict=True) if c == GREY} - seen
-    )
+    absent = absent_letters(history)
     moved = ", ".join(
         f"{letter.upper()} (not at {' or '.join(map(str, sorted(spots)))})"
         for letter, spots in sorted(elsewhere.items())
@@ -240,6 +235,17 @@ def board_summary(history: History) -> str:
         f"Known: in place {' '.join(places)}; in the word elsewhere: {moved or 'none'}; "
         f"not in the word: {', '.join(a.upper() for a in absent) or 'none'}."
     )
+
+
+def absent_letters(history: History) -> list[str]:
+    """The letters known not to be in the secret, sorted, lower case: grey in some guess and never
+    green or yellow in any (a grey copy of a letter that is also green or yellow says only how many
+    times it occurs)."""
+    grey, seen = set(), set()
+    for guess, colours in history:
+        for letter, colour in zip(guess, colours, strict=True):
+            (grey if colour == GREY else seen).add(letter)
+    return sorted(grey - seen)
 
 
 def observation_text(

@@ -17,15 +17,48 @@ found fitting, against the newest feedback alone:
 The first turn has no feedback to check: `<guess>` and the first listed word. Each line is one
 comparison of five letters with one feedback line, which a model can copy the shape of; the
 uniform choice of `consistent_guesser` has no single right next token to learn instead.
+
+A check without positions: `first_clean_guesser` guesses the first listed word with no letter known
+to be absent (`wordle.absent_letters`: grey and never green or yellow; the `summary` observation's
+"not in the word" list), and `absent_reply` writes that check: the absent letters, then the words
+not guessed yet in the list's order up to the first clean one, each with the first of its letters
+that is absent, or `ok`:
+
+    <think>
+    Not in the word: B L U R
+    B L A M E: B
+    C H E S T: ok
+    </think>
+    <guess>C H E S T</guess>
+
+Each line asks only whether each of five letters is one of a few listed letters. This ignores green
+and yellow, and still solves 62 of the 64 held-out games of the recipe (4 guesses among 16 words).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
-from posttrain.environments.wordle import History, feedback, first_fit_guesser, fits_feedback, spell
+from posttrain.environments.wordle import (
+    History,
+    Policy,
+    _unguessed,
+    absent_letters,
+    feedback,
+    first_fit_guesser,
+    fits_feedback,
+    spell,
+)
 
-__all__ = ["first_fit_guesser", "rule_out", "scan_reply"]
+__all__ = [
+    "absent_reply",
+    "first_absent",
+    "first_clean_guesser",
+    "first_fit_guesser",
+    "rule_out",
+    "scan_reply",
+]
 
 
 def rule_out(word: str, guess: str, colours: Sequence[str]) -> str | None:
@@ -51,4 +84,38 @@ def scan_reply(history: History, guess: str, candidates: Sequence[str]) -> str:
         for w in candidates
         if w not in guessed and fits_feedback(w, earlier)
     ]
+    return "<think>\n" + "\n".join(lines) + "\n</think>\n" + answer
+
+
+def first_absent(word: str, absent: Sequence[str]) -> str | None:
+    """The first letter of `word`, in the word's order, that is in `absent`; None when none is."""
+    return next((letter for letter in word if letter in absent), None)
+
+
+def first_clean_guesser() -> Policy:
+    """The first of the game's candidate words, in order, not guessed yet and holding no letter known
+    to be absent (the first unguessed word if every one holds one). Ignores green and yellow."""
+
+    def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
+        left = _unguessed([], candidates, history)
+        absent = absent_letters(history)
+        return next((w for w in left if first_absent(w, absent) is None), left[0])
+
+    return policy
+
+
+def absent_reply(history: History, guess: str, candidates: Sequence[str]) -> str:
+    """The assistant turn for `first_clean_guesser`'s `guess` after `history` (a `wordle.Writer`): the
+    absent letters, each word not guessed yet up to the first clean one with its first absent letter
+    or `ok`, then the guess, spelled (see the module docstring). The first turn: the guess alone."""
+    answer = f"<guess>{spell(guess)}</guess>"
+    if not history:
+        return answer
+    absent = absent_letters(history)
+    lines = [f"Not in the word: {' '.join(a.upper() for a in absent) or 'none'}"]
+    for word in _unguessed([], candidates, history):
+        letter = first_absent(word, absent)
+        lines.append(f"{spell(word)}: {letter.upper() if letter else 'ok'}")
+        if letter is None:
+            break
     return "<think>\n" + "\n".join(lines) + "\n</think>\n" + answer
