@@ -474,7 +474,7 @@ class WordleEnvironment:
         return metrics
 
 
-def _unguessed(fixed: list[str], candidates: Sequence[str], history: History) -> list[str]:
+def unguessed(fixed: list[str], candidates: Sequence[str], history: History) -> list[str]:
     """The words a reference player may still guess, sorted: `fixed` (or, when empty, the game's
     `candidates`) less the guesses of `history`."""
     guessed = {g for g, _ in history}
@@ -487,7 +487,7 @@ def random_guesser(words: Sequence[str] = ()) -> Policy:
     fixed = sorted(words)
 
     def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
-        return rng.choice(_unguessed(fixed, candidates, history))
+        return rng.choice(unguessed(fixed, candidates, history))
 
     return policy
 
@@ -499,7 +499,7 @@ def consistent_guesser(words: Sequence[str] = ()) -> Policy:
     fixed = sorted(words)
 
     def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
-        left = _unguessed(fixed, candidates, history)
+        left = unguessed(fixed, candidates, history)
         return rng.choice([w for w in left if fits_feedback(w, history)] or left)
 
     return policy
@@ -512,7 +512,7 @@ def first_fit_guesser(words: Sequence[str] = ()) -> Policy:
     fixed = sorted(words)
 
     def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
-        left = _unguessed(fixed, candidates, history)
+        left = unguessed(fixed, candidates, history)
         return next((w for w in left if fits_feedback(w, history)), left[0])
 
     return policy

@@ -43,12 +43,12 @@ from collections.abc import Sequence
 from posttrain.environments.wordle import (
     History,
     Policy,
-    _unguessed,
     absent_letters,
     feedback,
     first_fit_guesser,
     fits_feedback,
     spell,
+    unguessed,
 )
 
 __all__ = [
@@ -97,7 +97,7 @@ def first_clean_guesser() -> Policy:
     to be absent (the first unguessed word if every one holds one). Ignores green and yellow."""
 
     def policy(history: History, rng: random.Random, candidates: Sequence[str] = ()) -> str:
-        left = _unguessed([], candidates, history)
+        left = unguessed([], candidates, history)
         absent = absent_letters(history)
         return next((w for w in left if first_absent(w, absent) is None), left[0])
 
@@ -113,7 +113,7 @@ def absent_reply(history: History, guess: str, candidates: Sequence[str]) -> str
         return answer
     absent = absent_letters(history)
     lines = [f"Not in the word: {' '.join(a.upper() for a in absent) or 'none'}"]
-    for word in _unguessed([], candidates, history):
+    for word in unguessed([], candidates, history):
         letter = first_absent(word, absent)
         lines.append(f"{spell(word)}: {letter.upper() if letter else 'ok'}")
         if letter is None:
