@@ -71,8 +71,8 @@ def test_recipe_runs_a_step(recipe: str, tiny_model_dir: Path, tmp_path: Path) -
 
 def test_multi_env_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> None:
     """examples/configs/grpo_multi_env.yaml: math, the calculator tool and the sliding puzzle in one
-    step, one prompt of each (weights 1, 1, 1 of 3 prompts); every environment's metrics and its
-    held-out accuracy are logged beside the overall ones."""
+    step: the recipe's weights 2, 1, 1 of 4 prompts give two sums, one product and one puzzle; every
+    environment's metrics and its held-out accuracy are logged beside the overall ones."""
     run_dir = tmp_path / "run"
     sizes = []
     for source, kind in (
@@ -84,12 +84,12 @@ def test_multi_env_recipe_runs_a_step(tiny_model_dir: Path, tmp_path: Path) -> N
             f"data.sources.{source}.train.{kind}.size=8",
             f"data.sources.{source}.validation.{kind}.size=2",
         ]
-    rows = one_grpo_step("grpo_multi_env.yaml", tiny_model_dir, run_dir, *sizes, "grpo.prompts_per_step=3")
+    rows = one_grpo_step("grpo_multi_env.yaml", tiny_model_dir, run_dir, *sizes, "grpo.prompts_per_step=4")
     names = ("math", "calculator", "puzzle")
     for row in (r for r in rows if "val/accuracy" in r):
         assert all(0.0 <= row[f"val/{name}/accuracy"] <= 1.0 for name in names)
     [step] = [r for r in rows if "reward/mean" in r]
-    assert [step[f"{name}/share"] for name in names] == [pytest.approx(1 / 3)] * 3
+    assert [step[f"{name}/share"] for name in names] == [pytest.approx(s) for s in (1 / 2, 1 / 4, 1 / 4)]
     assert "calculator/env/tool_call_rate" in step and "puzzle/env/illegal_action_rate" in step
     assert step["math/episode/turns_max"] == 1.0 and step["calculator/episode/turns_mean"] >= 1.0
 
