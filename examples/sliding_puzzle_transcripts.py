@@ -12,6 +12,13 @@ played to the end (a validation set for the SFT loss). `posttrain sft` reads the
     python examples/sliding_puzzle_transcripts.py data/sliding_puzzle_sft_heldout.jsonl --count 128 \\
         --seed 99999 --split heldout --env "$ENV"
 
+With `--checked` each assistant turn is the greedy player's written check and its move
+(`checked_transcript`): where the empty square is, per direction the tile it moves and whether that
+brings the tile closer to home, then `<action>...</action>` with the first move that does:
+
+    ENV='{"min_size": 3, "max_size": 3, "max_shuffle_moves": 9, "max_moves": 6, "redraw_board": true}'
+    python examples/sliding_puzzle_transcripts.py data/sliding_puzzle_checked_sft.jsonl --count 4000 --checked --env "$ENV"
+
 `--env` takes the environment's keyword arguments: give the GRPO recipe's `redraw_board` (the
 observations depend on it) and the board sizes and shuffles to learn from; `max_moves` (default 50)
 only has to be long enough for the shuffles. The assistant turns are the same with or without
@@ -25,7 +32,11 @@ from pathlib import Path
 
 from posttrain.data.transcripts import transcripts_parser
 from posttrain.data.transcripts import write_transcripts as write_rows
-from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, oracle_transcript
+from posttrain.environments.sliding_puzzle import (
+    SlidingPuzzleEnvironment,
+    checked_transcript,
+    oracle_transcript,
+)
 
 
 def write_transcripts(
@@ -35,12 +46,14 @@ def write_transcripts(
     seed: int,
     split: str = "train",
     show_heldout: bool = False,
+    checked: bool = False,
 ) -> int:
     """Write `count` transcripts of puzzles of `split` drawn from `seed`; returns the number of moves.
     Held-out boards are hidden (`oracle_transcript`'s hide_heldout) in training transcripts unless
-    `show_heldout`."""
+    `show_heldout`. With `checked`, the player that writes its check (`checked_transcript`)."""
+    play = checked_transcript if checked else oracle_transcript
     rows = [
-        (oracle_transcript(env, task, hide_heldout=split == "train" and not show_heldout), task)
+        (play(env, task, hide_heldout=split == "train" and not show_heldout), task)
         for task in env.generate_tasks(count, seed, split=split)
     ]
     write_rows(out, rows)
@@ -55,9 +68,17 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="play every puzzle to the end, even where a redrawn board is a held-out one",
     )
+    parser.add_argument(
+        "--checked",
+        action="store_true",
+        help="the greedy player that writes its check before each move (checked_transcript; needs an "
+        "environment without action_prefix) in place of the optimal player",
+    )
     args = parser.parse_args(argv)
     env = SlidingPuzzleEnvironment(**json.loads(args.env))
-    moves = write_transcripts(args.out, env, args.count, args.seed, args.split, args.show_heldout)
+    moves = write_transcripts(
+        args.out, env, args.count, args.seed, args.split, args.show_heldout, args.checked
+    )
     print(f"wrote {args.count} transcripts ({moves} moves) to {args.out}")
 
 

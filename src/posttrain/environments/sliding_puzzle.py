@@ -31,6 +31,9 @@ Around the game (docs/environments.md#sliding-puzzle-on-3x3-boards):
   labelling, the goal drawn as a board, so the move cannot be read off how the board looks.
 - **Oracle transcripts** (`oracle_transcript`): the conversation of an optimal player through the
   environment's own reset and step, for an SFT warm start (examples/sliding_puzzle_transcripts.py).
+- **Checked transcripts** (`checked_transcript`): a player that writes, before each move, where the
+  empty square is and whether each move brings its tile closer to home (`written_check`), then plays
+  the first move that does (`greedy_move`): a procedure to learn in place of a lookup of boards.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from posttrain.environments.sliding_puzzle_board import (
     apply_action,
     blind_solved_rate,
     check_labels,
+    greedy_move,
     is_heldout,
     is_solved,
     legal_directions,
@@ -64,6 +68,7 @@ from posttrain.environments.sliding_puzzle_board import (
     solved_grid,
     task_grid,
     tiles_in_place,
+    written_check,
 )
 
 STOP_STRINGS = ("</action>",)
@@ -414,3 +419,35 @@ def oracle_transcript(
             break
         messages.append(result.observations[0])
     return messages
+
+
+def checked_transcript(
+    env: SlidingPuzzleEnvironment, task: dict[str, Any], hide_heldout: bool = True
+) -> list[Message]:
+    """The conversation of the greedy player that writes its check (`written_check`, then
+    `<action>{greedy_move}</action>` in the same assistant turn), through the environment's own
+    `reset` and `step`, until solved or `env.max_moves` runs out. The environment must not have
+    `action_prefix` (the check comes before the action tag). With `hide_heldout`, as in
+    `oracle_transcript`: the task starts from a training board and, with `redraw_board`, the
+    conversation stops after a move to a held-out board, before the observation that would draw it.
+    """
+    if env.action_prefix:
+        raise ValueError(
+            "checked transcripts write their check before the action tag: use an environment without "
+            "action_prefix (its episodes begin every reply with '<action>')"
+        )
+    [start] = env.reset([task], [0])
+    messages, meta = list(start.messages), start.metadata
+    if hide_heldout and is_heldout(meta["grid"]):
+        raise ValueError(f"task {task} starts from a held-out board")
+    hide_boards = hide_heldout and env.redraw_board
+    while True:
+        grid = meta["grid"]
+        messages.append(
+            {"role": "assistant", "content": f"{written_check(grid)}\n<action>{greedy_move(grid)}</action>"}
+        )
+        result = env.step([messages], [meta])
+        meta = result.metadata[0]
+        if result.done[0] or (hide_boards and is_heldout(meta["grid"])):
+            return messages
+        messages.append(result.observations[0])

@@ -1,0 +1,176 @@
+"""The sliding puzzle player that writes its check (`written_check`, `greedy_move`,
+`checked_transcript`): the check worked by hand on one board, every line of it true of the board it
+was written for, what the greedy rule solves, and the transcripts replayed through the environment."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+from posttrain.environments.sliding_puzzle import SlidingPuzzleEnvironment, checked_transcript
+from posttrain.environments.sliding_puzzle_board import (
+    DIRECTIONS,
+    Grid,
+    apply_action,
+    boards_near_goal,
+    brings_closer,
+    greedy_move,
+    is_heldout,
+    is_solved,
+    legal_directions,
+    render,
+    written_check,
+)
+
+SCRIPT = Path(__file__).parents[2] / "examples" / "sliding_puzzle_transcripts.py"
+ENV = {"min_size": 3, "max_size": 3, "max_shuffle_moves": 9, "max_moves": 6, "redraw_board": True}
+
+
+def grid_of(key: tuple[int, ...], n: int = 3) -> Grid:
+    return [list(key[r * n : (r + 1) * n]) for r in range(n)]
+
+
+def manhattan(grid: Grid) -> int:
+    """Sum over tiles of the row and column distance to the tile's home (tile t at (t-1)//n, (t-1)%n)."""
+    n = len(grid)
+    return sum(
+        abs(r - (v - 1) // n) + abs(c - (v - 1) % n)
+        for r, row in enumerate(grid)
+        for c, v in enumerate(row)
+        if v
+    )
+
+
+def test_the_check_worked_by_hand() -> None:
+    # 1 2 3 / 4 5 6 / 7 _ 8: the empty square at row 3, column 2. `up` has no tile below it; `down`
+    # moves 5 (home row 2) from row 2 to row 3: farther; `left` moves 8 (home column 2) from column 3 to
+    # column 2: closer (home); `right` moves 7 (home column 1) from column 1 to 2: farther.
+    board = [[1, 2, 3], [4, 5, 6], [7, 0, 8]]
+    assert written_check(board) == (
+        "Empty square: row 3, column 2.\n"
+        "up: none.\n"
+        "down: tile 5, row 2 to 3, belongs in row 2: farther.\n"
+        "left: tile 8, column 3 to 2, belongs in column 2: closer.\n"
+        "right: tile 7, column 1 to 2, belongs in column 1: farther."
+    )
+    assert greedy_move(board) == "left" and is_solved(apply_action(board, "left")[0])
+    # 1 2 3 / 4 _ 5 / 7 8 6: `up` moves 8 (home row 3) up from row 3: farther; `down` moves 2 (home
+    # row 1) down: farther; `left` moves 5 (home column 2) from column 3 to 2: closer; `right` moves 4
+    # (home column 1) to column 2: farther.
+    board = [[1, 2, 3], [4, 0, 5], [7, 8, 6]]
+    assert [brings_closer(board, d) for d in DIRECTIONS] == [False, False, True, False]
+    assert greedy_move(board) == "left"
+    # no move brings a tile closer: the first legal direction
+    corner = [[0, 2], [3, 1]]  # 2x2: `up` moves 3 (home row 2) to row 1, `left` moves 2 (home column 2) to 1
+    assert [brings_closer(corner, d) for d in DIRECTIONS] == [False, None, False, None]
+    assert greedy_move(corner) == "up"
+
+
+def test_every_line_of_the_check_is_true_of_its_board() -> None:
+    """Each line read back against the board: the empty square's cell, the tile each direction moves,
+    its row or column before and after, its home, and closer exactly when the board's Manhattan
+    distance drops (checked by its own sum, not by `brings_closer`)."""
+    line = re.compile(
+        r"(\w+): tile (\d+), (row|column) (\d) to (\d), belongs in (row|column) (\d): (closer|farther)\."
+    )
+    for key, d in boards_near_goal(3, 8).items():
+        if d == 0:
+            continue
+        board = grid_of(key)
+        first, *rest = written_check(board).split("\n")
+        er, ec = next((r, c) for r in range(3) for c in range(3) if board[r][c] == 0)
+        assert first == f"Empty square: row {er + 1}, column {ec + 1}."
+        assert [x.split(":")[0] for x in rest] == list(DIRECTIONS)
+        for text in rest:
+            direction = text.split(":")[0]
+            if direction not in legal_directions(board):
+                assert text == f"{direction}: none."
+                continue
+            name, tile, axis, frm, to, axis2, home, verdict = line.fullmatch(text).groups()
+            after = apply_action(board, direction)[0]
+            r, c = next((r, c) for r in range(3) for c in range(3) if board[r][c] == int(tile))
+            assert after[er][ec] == int(tile) and axis == axis2
+            assert (int(frm), int(to), int(home)) == (
+                (r + 1, er + 1, (int(tile) - 1) // 3 + 1)
+                if axis == "row"
+                else (c + 1, ec + 1, (int(tile) - 1) % 3 + 1)
+            )
+            assert (verdict == "closer") == (manhattan(after) == manhattan(board) - 1)
+            assert manhattan(after) in (manhattan(board) - 1, manhattan(board) + 1)
+
+
+def test_what_the_greedy_rule_solves() -> None:
+    """On 3x3 boards the first move that brings a tile closer is a shortest solution's move on every
+    board within 4 moves of solved, and 17 of the 20 boards 5 moves away are solved within 6 moves
+    (the evaluation's budget)."""
+    near = {k: d for k, d in boards_near_goal(3, 5).items() if d <= 5}  # the cache may hold more
+    solved_in_6 = {d: 0 for d in range(1, 6)}
+    for key, d in near.items():
+        if d == 0:
+            continue
+        board, moves = grid_of(key), 0
+        while not is_solved(board) and moves < 6:
+            before = near.get(tuple(v for row in board for v in row), 99)
+            board = apply_action(board, greedy_move(board))[0]
+            moves += 1
+            if d <= 4:  # every move one closer
+                assert near[tuple(v for row in board for v in row)] == before - 1
+        solved_in_6[d] += is_solved(board)
+    counts = {d: sum(1 for v in near.values() if v == d) for d in range(1, 6)}
+    assert counts == {1: 2, 2: 4, 3: 8, 4: 16, 5: 20}
+    assert solved_in_6 == {1: 2, 2: 4, 3: 8, 4: 16, 5: 17}
+
+
+def test_checked_transcripts_replay_through_the_environment() -> None:
+    env = SlidingPuzzleEnvironment(**ENV)
+    heldout_renders = [
+        render(grid_of(k)) for k, d in boards_near_goal(3, 9).items() if d and is_heldout(grid_of(k))
+    ]
+    endings = {"solved": 0, "cut": 0, "budget": 0}
+    for task in env.generate_tasks(80, seed=4, split="train"):
+        messages = checked_transcript(env, task)
+        [start] = env.reset([task], [0])
+        assert messages[: len(start.messages)] == start.messages
+        log, meta = list(start.messages), start.metadata
+        turns = messages[len(start.messages) :]
+        for k in range(0, len(turns), 2):
+            check, action = turns[k]["content"].rsplit("\n", 1)
+            assert (
+                check == written_check(meta["grid"])
+                and action == f"<action>{greedy_move(meta['grid'])}</action>"
+            )
+            log.append(turns[k])
+            result = env.step([log], [meta])
+            meta = result.metadata[0]
+            assert result.info[0]["outcome"] == "moved"
+            if k + 1 < len(turns):
+                assert turns[k + 1] == result.observations[0]
+                log.append(turns[k + 1])
+        text = "\n".join(m["content"] for m in messages)
+        assert not any(board in text for board in heldout_renders)
+        if result.info[0]["solved"]:
+            endings["solved"] += 1
+        elif is_heldout(meta["grid"]):
+            endings["cut"] += 1
+        else:
+            assert meta["moves"] == 6
+            endings["budget"] += 1
+    assert all(endings.values()), endings  # all three endings occur
+    with pytest.raises(ValueError, match="without action_prefix"):
+        checked_transcript(SlidingPuzzleEnvironment(**ENV, action_prefix=True), task)
+    with pytest.raises(ValueError, match="starts from a held-out board"):
+        checked_transcript(env, env.generate_tasks(1, seed=0, split="heldout")[0])
+
+
+def test_the_script_writes_checked_rows(tmp_path: Path) -> None:
+    script = runpy.run_path(str(SCRIPT), run_name="sliding_puzzle_transcripts")
+    out = tmp_path / "checked.jsonl"
+    script["main"]([str(out), "--count", "10", "--seed", "3", "--checked", "--env", json.dumps(ENV)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    env = SlidingPuzzleEnvironment(**ENV)
+    assert [r["messages"] for r in rows] == [checked_transcript(env, r["task"]) for r in rows]
+    assert [r["task"] for r in rows] == env.generate_tasks(10, 3, split="train")
