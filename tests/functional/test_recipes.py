@@ -288,6 +288,50 @@ def test_sliding_puzzle_relabel_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     assert "Goal: make the board look like this:\n    1 2 3\n  +-------+\n1 | 1 2 3 |\n2 | 4 5 6 |" in first
 
 
+def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """sft_sliding_puzzle_checked.yaml for one step on checked transcripts (the script with the
+    environment of the recipe's header), then eval_sliding_puzzle_3x3_checked.yaml: no "<action>"
+    prefix, the blind baseline and the first-move rate in the summary."""
+    import runpy
+
+    script = runpy.run_path("examples/sliding_puzzle_transcripts.py", run_name="transcripts")
+    recipe = Path("examples/configs/sft_sliding_puzzle_checked.yaml").read_text()
+    env = re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1)
+    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
+    script["main"]([str(train), "--count", "8", "--checked", "--env", env])
+    script["main"](
+        [str(held), "--count", "2", "--seed", "99999", "--split", "heldout", "--checked", "--env", env]
+    )
+    first_reply = json.loads(train.read_text().splitlines()[0])["messages"][1]["content"]
+    assert first_reply.startswith("Empty square: row ") and first_reply.endswith("</action>")
+    common = ["cluster.backend=local", "logging.tensorboard=false"]
+    sft_dir, out = tmp_path / "sft", tmp_path / "eval"
+    sft = [
+        "sft",
+        "--config",
+        "examples/configs/sft_sliding_puzzle_checked.yaml",
+        f"policy.model_name={tiny_model_dir}",
+    ]
+    sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
+    sft += ["sft.global_batch_size=4", "checkpoint.save_every=1", *common, f"logging.run_dir={sft_dir}"]
+    assert main(sft) == 0
+    evaluation = [
+        "eval",
+        "--config",
+        "examples/configs/eval_sliding_puzzle_3x3_checked.yaml",
+        f"model={sft_dir}",
+    ]
+    evaluation += [
+        "data.dataset.environment_tasks.size=2",
+        "generation.max_new_tokens=8",
+        f"output_dir={out}",
+    ]
+    assert main(evaluation) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_problems"] == 2
+    assert {"env/first_move_optimal_rate", "env/blind_solved_rate"} <= set(summary)
+
+
 def test_calculator_without_an_example_recipes_chain(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The calculator recipes without a worked example, each for one step: tool-call transcripts
     (the script), SFT on them (sft_calculator.yaml), GRPO from the SFT checkpoint
