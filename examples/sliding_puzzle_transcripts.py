@@ -16,7 +16,7 @@ With `--checked` each assistant turn is the greedy player's written check and it
 (`checked_transcript`): where the empty square is, per direction the tile it moves and whether that
 brings the tile closer to home, then `<action>...</action>` with the first move that does:
 
-    ENV='{"min_size": 3, "max_size": 3, "max_shuffle_moves": 9, "max_moves": 6, "redraw_board": true}'
+    ENV='{"min_size": 3, "max_size": 3, "max_shuffle_moves": 41, "max_moves": 6, "redraw_board": true}'
     python examples/sliding_puzzle_transcripts.py data/sliding_puzzle_checked_sft.jsonl --count 4000 --checked --env "$ENV"
 
 `--env` takes the environment's keyword arguments: give the GRPO recipe's `redraw_board` (the
