@@ -290,8 +290,9 @@ def test_sliding_puzzle_relabel_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
 
 def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
     """sft_sliding_puzzle_checked.yaml for one step on checked transcripts (the script with the
-    environment of the recipe's header), then eval_sliding_puzzle_3x3_checked.yaml: no "<action>"
-    prefix, the blind baseline and the first-move rate in the summary."""
+    environment of the recipe's header), GRPO from it (grpo_sliding_puzzle_3x3_checked.yaml: boards
+    3 or 5 moves from solved), then eval_sliding_puzzle_3x3_checked.yaml: no "<action>" prefix, the
+    blind baseline and the first-move rate in validation and in the summary."""
     import runpy
 
     script = runpy.run_path("examples/sliding_puzzle_transcripts.py", run_name="transcripts")
@@ -305,7 +306,7 @@ def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     first_reply = json.loads(train.read_text().splitlines()[0])["messages"][1]["content"]
     assert first_reply.startswith("Empty square: row ") and first_reply.endswith("</action>")
     common = ["cluster.backend=local", "logging.tensorboard=false"]
-    sft_dir, out = tmp_path / "sft", tmp_path / "eval"
+    sft_dir, grpo_dir, out = tmp_path / "sft", tmp_path / "grpo", tmp_path / "eval"
     sft = [
         "sft",
         "--config",
@@ -315,6 +316,16 @@ def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
     sft += ["sft.global_batch_size=4", "checkpoint.save_every=1", *common, f"logging.run_dir={sft_dir}"]
     assert main(sft) == 0
+    [checkpoint] = (sft_dir / "checkpoints").glob("step_*")
+    grpo = ["grpo", "--config", "examples/configs/grpo_sliding_puzzle_3x3_checked.yaml"]
+    grpo += [f"policy.model_name={checkpoint / 'model'}", "policy.dtype=float32", "grpo.max_steps=1"]
+    grpo += ["data.train.environment_tasks.size=4", "data.validation.environment_tasks.size=2"]
+    grpo += ["grpo.prompts_per_step=2", "grpo.generations_per_prompt=2", "grpo.val_every=1"]
+    grpo += ["generation.max_new_tokens=8", *common, f"logging.run_dir={grpo_dir}"]
+    assert main(grpo) == 0
+    rows = [json.loads(line) for line in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
+    assert all(0.0 < r["val/env/blind_solved_rate"] <= 1.0 for r in rows if "val/accuracy" in r)
     evaluation = [
         "eval",
         "--config",
