@@ -251,6 +251,15 @@ def test_sliding_puzzle_3x3_recipes_chain(tiny_model_dir: Path, tmp_path: Path) 
     assert {"env/first_move_optimal_rate", "env/blind_solved_rate"} <= set(summary)
 
 
+def sft_one_step(recipe: str, model_dir: Path, train: Path, held: Path, run_dir: Path) -> None:
+    """`posttrain sft` with an example recipe for one step of 4 rows on the given train and validation
+    files, on the local backend, saving a checkpoint."""
+    sft = ["sft", "--config", f"examples/configs/{recipe}", f"policy.model_name={model_dir}"]
+    sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
+    sft += ["sft.global_batch_size=4", "checkpoint.save_every=1", "cluster.backend=local"]
+    assert main([*sft, "logging.tensorboard=false", f"logging.run_dir={run_dir}"]) == 0
+
+
 @pytest.mark.slow  # ~15 s on the 2-core machine
 def test_sliding_puzzle_relabel_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
     """sft_sliding_puzzle_relabel.yaml for one step on relabelled transcripts (the script with the
@@ -269,17 +278,8 @@ def test_sliding_puzzle_relabel_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     rows = [json.loads(line) for line in train.read_text().splitlines()]
     assert all(len(r["task"]["labels"]) in (3, 8) for r in rows)
     assert all("Goal: make the board look like this" in r["messages"][0]["content"] for r in rows)
-    common = ["cluster.backend=local", "logging.tensorboard=false"]
     sft_dir, out = tmp_path / "sft", tmp_path / "eval"
-    sft = [
-        "sft",
-        "--config",
-        "examples/configs/sft_sliding_puzzle_relabel.yaml",
-        f"policy.model_name={tiny_model_dir}",
-    ]
-    sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
-    sft += ["sft.global_batch_size=4", "checkpoint.save_every=1", *common, f"logging.run_dir={sft_dir}"]
-    assert main(sft) == 0
+    sft_one_step("sft_sliding_puzzle_relabel.yaml", tiny_model_dir, train, held, sft_dir)
     evaluation = ["eval", "--config", "examples/configs/eval_sliding_puzzle_3x3.yaml", f"model={sft_dir}"]
     evaluation += ["environment.kwargs.goal_board=true", "data.dataset.environment_tasks.size=4"]
     assert main([*evaluation, "generation.max_new_tokens=6", f"output_dir={out}"]) == 0
@@ -307,15 +307,7 @@ def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     assert first_reply.startswith("Empty square: row ") and first_reply.endswith("</action>")
     common = ["cluster.backend=local", "logging.tensorboard=false"]
     sft_dir, grpo_dir, out = tmp_path / "sft", tmp_path / "grpo", tmp_path / "eval"
-    sft = [
-        "sft",
-        "--config",
-        "examples/configs/sft_sliding_puzzle_checked.yaml",
-        f"policy.model_name={tiny_model_dir}",
-    ]
-    sft += [f"data.train.path={train}", f"data.validation.path={held}", "sft.max_steps=1", "sft.val_every=1"]
-    sft += ["sft.global_batch_size=4", "checkpoint.save_every=1", *common, f"logging.run_dir={sft_dir}"]
-    assert main(sft) == 0
+    sft_one_step("sft_sliding_puzzle_checked.yaml", tiny_model_dir, train, held, sft_dir)
     [checkpoint] = (sft_dir / "checkpoints").glob("step_*")
     grpo = ["grpo", "--config", "examples/configs/grpo_sliding_puzzle_3x3_checked.yaml"]
     grpo += [f"policy.model_name={checkpoint / 'model'}", "policy.dtype=float32", "grpo.max_steps=1"]
