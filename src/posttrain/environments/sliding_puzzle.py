@@ -39,6 +39,7 @@ Around the game (docs/environments.md#sliding-puzzle-on-3x3-boards):
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from posttrain.environments.interface import (
@@ -406,19 +407,15 @@ def oracle_transcript(
     boards and the conversation stops after a move to a held-out board, before the observation that
     would draw it. SFT on these trains no reply to a board of the held-out pool.
     """
-    [start] = env.reset([task], [0])
-    messages, meta = list(start.messages), start.metadata
-    if hide_heldout and is_heldout(meta["grid"]):
-        raise ValueError(f"task {task} starts from a held-out board")
-    hide_boards = hide_heldout and env.redraw_board
-    for move in oracle_moves(meta["grid"], int(task["shuffle_moves"]), prefer_train=hide_boards):
-        messages.append({"role": "assistant", "content": f"<action>{move}</action>"})
-        result = env.step([messages], [meta])
-        meta = result.metadata[0]
-        if result.done[0] or (hide_boards and is_heldout(meta["grid"])):
-            break
-        messages.append(result.observations[0])
-    return messages
+    limit = int(task["shuffle_moves"])
+    return _play(
+        env,
+        task,
+        hide_heldout,
+        lambda grid, hide_boards: (
+            f"<action>{oracle_moves(grid, limit, prefer_train=hide_boards)[0]}</action>"
+        ),
+    )
 
 
 def checked_transcript(
@@ -436,16 +433,31 @@ def checked_transcript(
             "checked transcripts write their check before the action tag: use an environment without "
             "action_prefix (its episodes begin every reply with '<action>')"
         )
+    return _play(
+        env,
+        task,
+        hide_heldout,
+        lambda grid, _: f"{written_check(grid)}\n<action>{greedy_move(grid)}</action>",
+    )
+
+
+def _play(
+    env: SlidingPuzzleEnvironment,
+    task: dict[str, Any],
+    hide_heldout: bool,
+    reply: Callable[[Grid, bool], str],
+) -> list[Message]:
+    """A player's conversation through the environment's own `reset` and `step`: per turn the
+    assistant content `reply(board, hide_boards)` and the observation, until the episode is done or,
+    with `hide_heldout` and `redraw_board` (`hide_boards`), right after a move to a held-out board.
+    With `hide_heldout` the task must start from a training board."""
     [start] = env.reset([task], [0])
     messages, meta = list(start.messages), start.metadata
     if hide_heldout and is_heldout(meta["grid"]):
         raise ValueError(f"task {task} starts from a held-out board")
     hide_boards = hide_heldout and env.redraw_board
     while True:
-        grid = meta["grid"]
-        messages.append(
-            {"role": "assistant", "content": f"{written_check(grid)}\n<action>{greedy_move(grid)}</action>"}
-        )
+        messages.append({"role": "assistant", "content": reply(meta["grid"], hide_boards)})
         result = env.step([messages], [meta])
         meta = result.metadata[0]
         if result.done[0] or (hide_boards and is_heldout(meta["grid"])):

@@ -539,7 +539,7 @@ def written_check(grid: Grid) -> str:
         tile = grid[r][c]
         hr, hc = home_cell(tile, size)
         axis, frm, to, home = ("row", r, er, hr) if dr else ("column", c, ec, hc)
-        verdict = "closer" if brings_closer(grid, direction) else "farther"
+        verdict = "closer" if abs(to - home) < abs(frm - home) else "farther"  # only this axis changes
         lines.append(
             f"{direction}: tile {tile}, {axis} {frm + 1} to {to + 1}, belongs in {axis} {home + 1}: {verdict}."
         )
