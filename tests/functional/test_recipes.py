@@ -335,6 +335,46 @@ def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     assert {"env/first_move_optimal_rate", "env/blind_solved_rate"} <= set(summary)
 
 
+@pytest.mark.slow  # ~15 s on the 2-core machine
+def test_sliding_puzzle_cells_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """sft_sliding_puzzle_cells.yaml for one step on checked transcripts of boards written cell by cell
+    (the script with the environment of the recipe's header), then eval_sliding_puzzle_3x3_cells.yaml:
+    the held-out boards written the same way, and the check report on its samples."""
+    import runpy
+
+    script = runpy.run_path("examples/sliding_puzzle_transcripts.py", run_name="transcripts")
+    report = runpy.run_path("examples/sliding_puzzle_check_report.py", run_name="report")["report"]
+    recipe = Path("examples/configs/sft_sliding_puzzle_cells.yaml").read_text()
+    env = re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1)
+    assert json.loads(env)["board_format"] == "cells"
+    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
+    script["main"]([str(train), "--count", "8", "--checked", "--env", env])
+    script["main"](
+        [str(held), "--count", "2", "--seed", "99999", "--split", "heldout", "--checked", "--env", env]
+    )
+    first = json.loads(train.read_text().splitlines()[0])["messages"]
+    assert "Board:\nrow 1, column 1: " in first[0]["content"] and "+---" not in first[0]["content"]
+    assert re.search(r"^(up|down|left|right): row \d, column \d: tile \d, ", first[1]["content"], re.M)
+    sft_dir, out = tmp_path / "sft", tmp_path / "eval"
+    sft_one_step("sft_sliding_puzzle_cells.yaml", tiny_model_dir, train, held, sft_dir)
+    evaluation = [
+        "eval",
+        "--config",
+        "examples/configs/eval_sliding_puzzle_3x3_cells.yaml",
+        f"model={sft_dir}",
+    ]
+    evaluation += [
+        "data.dataset.environment_tasks.size=2",
+        "generation.max_new_tokens=8",
+        f"output_dir={out}",
+    ]
+    assert main(evaluation) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert all("Board:\nrow 1, column 1: " in s["prompt"] for s in samples)
+    shares = report(samples)  # a one-step tiny model writes no check: every line wrong
+    assert shares["turns"] >= 2 and shares["all_lines"] == 0.0
+
+
 def test_calculator_without_an_example_recipes_chain(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The calculator recipes without a worked example, each for one step: tool-call transcripts
     (the script), SFT on them (sft_calculator.yaml), GRPO from the SFT checkpoint

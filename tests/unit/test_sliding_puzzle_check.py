@@ -23,10 +23,13 @@ from posttrain.environments.sliding_puzzle_board import (
     is_solved,
     legal_directions,
     render,
+    render_board,
+    render_cells,
     written_check,
 )
 
 SCRIPT = Path(__file__).parents[2] / "examples" / "sliding_puzzle_transcripts.py"
+REPORT = Path(__file__).parents[2] / "examples" / "sliding_puzzle_check_report.py"
 ENV = {"min_size": 3, "max_size": 3, "max_shuffle_moves": 9, "max_moves": 6, "redraw_board": True}
 
 
@@ -68,6 +71,59 @@ def test_the_check_worked_by_hand() -> None:
     corner = [[0, 2], [3, 1]]  # 2x2: `up` moves 3 (home row 2) to row 1, `left` moves 2 (home column 2) to 1
     assert [brings_closer(corner, d) for d in DIRECTIONS] == [False, None, False, None]
     assert greedy_move(corner) == "up"
+
+
+def test_a_board_written_cell_by_cell() -> None:
+    # [[1, 0], [3, 2]]: reading order, 1-based coordinates, `_` for the empty square
+    board = [[1, 0], [3, 2]]
+    assert (
+        render_cells(board)
+        == "row 1, column 1: 1\nrow 1, column 2: _\nrow 2, column 1: 3\nrow 2, column 2: 2"
+    )
+    # relabelled: tile t shows as labels[t - 1] (1 -> 3, 2 -> 1, 3 -> 2); the empty square stays `_`
+    assert render_cells(board, [3, 1, 2]).split("\n") == [
+        "row 1, column 1: 3",
+        "row 1, column 2: _",
+        "row 2, column 1: 2",
+        "row 2, column 2: 1",
+    ]
+    assert render_board(board, board_format="cells") == render_cells(board)
+    assert render_board(board) == render(board)
+    with pytest.raises(ValueError, match="unknown board_format"):
+        render_board(board, board_format="table")
+    with pytest.raises(ValueError, match="unknown board_format"):
+        SlidingPuzzleEnvironment(board_format="table")
+
+
+def test_the_cells_check_names_the_cell_it_reads() -> None:
+    # the hand-worked board above (1 2 3 / 4 5 6 / 7 _ 8): each line as before, after the cell of the
+    # tile it moves: `down` reads row 2, column 2 (above the empty square), `left` row 3, column 3
+    board = [[1, 2, 3], [4, 5, 6], [7, 0, 8]]
+    assert written_check(board, cells=True) == (
+        "Empty square: row 3, column 2.\n"
+        "up: none.\n"
+        "down: row 2, column 2: tile 5, row 2 to 3, belongs in row 2: farther.\n"
+        "left: row 3, column 3: tile 8, column 3 to 2, belongs in column 2: closer.\n"
+        "right: row 3, column 1: tile 7, column 1 to 2, belongs in column 1: farther."
+    )
+    # every cell a check names is written word for word on the board it was written for (the lookup a
+    # player makes), and the rest of each line is the grid check's
+    cell = re.compile(r"(\w+): (row \d, column \d): tile (\d+), ")
+    for key, d in boards_near_goal(3, 8).items():
+        if d == 0:
+            continue
+        board = grid_of(key)
+        shown = render_cells(board).split("\n")
+        for with_cell, without in zip(
+            written_check(board, cells=True).split("\n"), written_check(board).split("\n"), strict=True
+        ):
+            match = cell.match(with_cell)
+            if match is None:
+                assert with_cell == without
+                continue
+            direction, where, tile = match.groups()
+            assert f"{where}: {tile}" in shown
+            assert with_cell.replace(f"{where}: ", "", 1) == without
 
 
 def test_every_line_of_the_check_is_true_of_its_board() -> None:
@@ -125,10 +181,14 @@ def test_what_the_greedy_rule_solves() -> None:
     assert solved_in_6 == {1: 2, 2: 4, 3: 8, 4: 16, 5: 17}
 
 
-def test_checked_transcripts_replay_through_the_environment() -> None:
-    env = SlidingPuzzleEnvironment(**ENV)
+@pytest.mark.parametrize("board_format", ["grid", "cells"])
+def test_checked_transcripts_replay_through_the_environment(board_format: str) -> None:
+    env = SlidingPuzzleEnvironment(**ENV, board_format=board_format)
+    cells = board_format == "cells"
     heldout_renders = [
-        render(grid_of(k)) for k, d in boards_near_goal(3, 9).items() if d and is_heldout(grid_of(k))
+        render_board(grid_of(k), board_format=board_format)
+        for k, d in boards_near_goal(3, 9).items()
+        if d and is_heldout(grid_of(k))
     ]
     endings = {"solved": 0, "cut": 0, "budget": 0}
     for task in env.generate_tasks(80, seed=4, split="train"):
@@ -140,7 +200,7 @@ def test_checked_transcripts_replay_through_the_environment() -> None:
         for k in range(0, len(turns), 2):
             check, action = turns[k]["content"].rsplit("\n", 1)
             assert (
-                check == written_check(meta["grid"])
+                check == written_check(meta["grid"], cells=cells)
                 and action == f"<action>{greedy_move(meta['grid'])}</action>"
             )
             log.append(turns[k])
@@ -160,6 +220,9 @@ def test_checked_transcripts_replay_through_the_environment() -> None:
             assert meta["moves"] == 6
             endings["budget"] += 1
     assert all(endings.values()), endings  # all three endings occur
+    if cells:
+        assert render_cells(start.metadata["grid"]) in messages[0]["content"]
+        assert "+---" not in text  # no drawn grid anywhere
     with pytest.raises(ValueError, match="without action_prefix"):
         checked_transcript(SlidingPuzzleEnvironment(**ENV, action_prefix=True), task)
     with pytest.raises(ValueError, match="starts from a held-out board"):
@@ -174,3 +237,38 @@ def test_the_script_writes_checked_rows(tmp_path: Path) -> None:
     env = SlidingPuzzleEnvironment(**ENV)
     assert [r["messages"] for r in rows] == [checked_transcript(env, r["task"]) for r in rows]
     assert [r["task"] for r in rows] == env.generate_tasks(10, 3, split="train")
+
+
+@pytest.mark.parametrize("board_format", ["grid", "cells"])
+def test_the_check_report_reads_both_board_formats(board_format: str) -> None:
+    """examples/sliding_puzzle_check_report.py on eval samples made of checked transcripts: every share
+    1 for the rule's own turns; a turn with the empty square misread and the move of a farther line
+    counts as such."""
+    report = runpy.run_path(str(REPORT), run_name="sliding_puzzle_check_report")["report"]
+    env = SlidingPuzzleEnvironment(**ENV, board_format=board_format)
+    samples = []
+    for task in env.generate_tasks(6, seed=5, split="train"):
+        first, *rest = checked_transcript(env, task)
+        samples.append({"prompt": first["content"], "messages": rest})
+    turns = sum(m["role"] == "assistant" for s in samples for m in s["messages"])
+    perfect = report(samples)
+    assert perfect == {
+        "turns": turns,
+        "empty_square_line": 1.0,
+        "direction_lines": 1.0,
+        "all_lines": 1.0,
+        "move_follows_own_check": 1.0,
+        "move_is_greedy": 1.0,
+        "move_is_legal": 1.0,
+    }
+    # the first turn rewritten: the empty square misread, and the move a direction its check calls farther
+    turn = samples[0]["messages"][0]
+    lines = turn["content"].split("\n")
+    farther = next(line.split(":")[0] for line in lines[1:5] if line.endswith("farther."))
+    lines[0] = "Empty square: row 9, column 9."
+    lines[-1] = f"<action>{farther}</action>"
+    samples[0]["messages"][0] = {"role": "assistant", "content": "\n".join(lines)}
+    worse = report(samples)
+    assert worse["empty_square_line"] == worse["all_lines"] == pytest.approx((turns - 1) / turns)
+    assert worse["direction_lines"] == 1.0 and worse["move_is_legal"] == 1.0
+    assert worse["move_follows_own_check"] == worse["move_is_greedy"] == pytest.approx((turns - 1) / turns)

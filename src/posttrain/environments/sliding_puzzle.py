@@ -50,6 +50,7 @@ from posttrain.environments.interface import (
     register_environment,
 )
 from posttrain.environments.sliding_puzzle_board import (
+    BOARD_FORMATS,
     SPLITS,
     Grid,
     IllegalMove,
@@ -63,7 +64,7 @@ from posttrain.environments.sliding_puzzle_board import (
     move_is_optimal,
     oracle_moves,
     random_labels,
-    render,
+    render_board,
     shuffled_grid,
     solution_length,
     solved_grid,
@@ -93,12 +94,14 @@ def parse_action(text: str) -> str | None:
     return lower[start : end if end >= 0 else len(lower)].strip()
 
 
-def instructions(grid: Grid, labels: list[int] | None = None, goal_board: bool = False) -> str:
+def instructions(
+    grid: Grid, labels: list[int] | None = None, goal_board: bool = False, board_format: str = "grid"
+) -> str:
     """The first user message: the rules, the goal (in words, or with `goal_board` drawn as a board:
-    needed when the tiles are relabelled), the board and the action format."""
+    needed when the tiles are relabelled), the board (in `board_format`) and the action format."""
     size = len(grid)
     if goal_board:
-        goal = f"Goal: make the board look like this:\n{render(solved_grid(size), labels)}\n\n"
+        goal = f"Goal: make the board look like this:\n{render_board(solved_grid(size), labels, board_format)}\n\n"
     else:
         goal = (
             f"Goal: the tiles 1 to {size * size - 1} in order, left to right and top to bottom, "
@@ -107,7 +110,7 @@ def instructions(grid: Grid, labels: list[int] | None = None, goal_board: bool =
     return (
         f"Let's play the sliding puzzle on a {size}x{size} board.\n"
         f"{goal}"
-        f"Board:\n{render(grid, labels)}\n\n"
+        f"Board:\n{render_board(grid, labels, board_format)}\n\n"
         "Each turn, make one move by sliding a tile next to the empty square into it:\n"
         "- up, down, left, right: slide a tile in that direction (up moves the tile below the empty "
         "square up)\n"
@@ -156,6 +159,9 @@ class SlidingPuzzleEnvironment:
             best fixed action sequence (`best_blind_sequence`) on the boards that the batch's
             episodes started from, within each episode's `max_moves` (at most `MAX_BLIND_MOVES`: the
             enumeration grows with the budget).
+        board_format: how every board is written: "grid" (rows drawn in a frame, `render`) or
+            "cells" (one `row r, column c: tile` line per cell, `render_cells`), where reading a cell
+            is a lookup of its written coordinates rather than a count along a row.
 
     Metadata (the episode state, passed back to every `step`): "grid", "moves" (turns taken),
     "max_moves". Info per turn: "action" (parsed, or None), "outcome" ("moved", "view",
@@ -180,6 +186,7 @@ class SlidingPuzzleEnvironment:
         blind_baseline: bool = False,
         goal_board: bool = False,
         relabel_tiles: bool = False,
+        board_format: str = "grid",
     ) -> None:
         if not 2 <= min_size <= max_size:
             raise ValueError(f"need 2 <= min_size <= max_size, got min_size={min_size} max_size={max_size}")
@@ -213,6 +220,9 @@ class SlidingPuzzleEnvironment:
                 "relabel_tiles needs goal_board=true: with relabelled tiles the goal in words ('the tiles "
                 "1 to 8 in order') is not the board to reach"
             )
+        if board_format not in BOARD_FORMATS:
+            raise ValueError(f"unknown board_format {board_format!r}; use one of {BOARD_FORMATS}")
+        self.board_format = board_format
         self.min_solution_moves = min_solution_moves
         self.blind_baseline = blind_baseline
         self.goal_board = goal_board
@@ -281,7 +291,12 @@ class SlidingPuzzleEnvironment:
                 metadata["labels"] = labels
             starts.append(
                 EpisodeStart(
-                    messages=[{"role": "user", "content": instructions(grid, labels, self.goal_board)}],
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": instructions(grid, labels, self.goal_board, self.board_format),
+                        }
+                    ],
                     metadata=metadata,
                     stop_strings=STOP_STRINGS,
                     response_prefix="<action>" if self.action_prefix else "",
@@ -348,7 +363,7 @@ class SlidingPuzzleEnvironment:
         if done:
             return self.shaped_reward * tiles_in_place(grid), None, True, new_meta, info
         if show_board:
-            text += f"\n\n{render(grid, meta.get('labels'))}"
+            text += f"\n\n{render_board(grid, meta.get('labels'), self.board_format)}"
         return 0.0, {"role": "user", "content": text}, False, new_meta, info
 
     def _first_turn_info(self, meta: dict[str, Any], grid: Grid) -> dict[str, Any]:
@@ -427,17 +442,19 @@ def checked_transcript(
     `action_prefix` (the check comes before the action tag). With `hide_heldout`, as in
     `oracle_transcript`: the task starts from a training board and, with `redraw_board`, the
     conversation stops after a move to a held-out board, before the observation that would draw it.
+    With `board_format="cells"` each check line names the cell it reads (`written_check(cells=True)`).
     """
     if env.action_prefix:
         raise ValueError(
             "checked transcripts write their check before the action tag: use an environment without "
             "action_prefix (its episodes begin every reply with '<action>')"
         )
+    cells = env.board_format == "cells"
     return _play(
         env,
         task,
         hide_heldout,
-        lambda grid, _: f"{written_check(grid)}\n<action>{greedy_move(grid)}</action>",
+        lambda grid, _: f"{written_check(grid, cells=cells)}\n<action>{greedy_move(grid)}</action>",
     )
 
 

@@ -125,6 +125,45 @@ def render(grid: Grid, labels: Sequence[int] | None = None) -> str:
     return "\n".join([header, border, *rows, border])
 
 
+BOARD_FORMATS = ("grid", "cells")
+"""How a board is written: "grid" (`render`: rows drawn in a frame) or "cells" (`render_cells`: one
+labelled line per cell)."""
+
+
+def render_cells(grid: Grid, labels: Sequence[int] | None = None) -> str:
+    """The board as one line per cell in reading order, `row r, column c: tile` (1-based), `_` for the
+    empty square; tile t shown as `labels[t - 1]` when `labels` is given. Reading a cell is then a
+    lookup of its written coordinates, not a count of positions along a drawn row.
+    A 2×2 board [[1, 0], [3, 2]] renders as::
+
+        row 1, column 1: 1
+        row 1, column 2: _
+        row 2, column 1: 3
+        row 2, column 2: 2
+    """
+    return "\n".join(
+        f"row {r + 1}, column {c + 1}: {_shown(value, labels)}"
+        for r, row in enumerate(grid)
+        for c, value in enumerate(row)
+    )
+
+
+def _shown(value: int, labels: Sequence[int] | None) -> str:
+    """A cell's text: `_` for the empty square, else the tile (or its label)."""
+    if not value:
+        return "_"
+    return str(value if labels is None else labels[value - 1])
+
+
+def render_board(grid: Grid, labels: Sequence[int] | None = None, board_format: str = "grid") -> str:
+    """The board in `board_format` (one of `BOARD_FORMATS`)."""
+    if board_format == "grid":
+        return render(grid, labels)
+    if board_format == "cells":
+        return render_cells(grid, labels)
+    raise ValueError(f"unknown board_format {board_format!r}; use one of {BOARD_FORMATS}")
+
+
 def check_labels(labels: Sequence[int], size: int) -> list[int]:
     """`labels` as a list when it is a permutation of 1..size²-1 (tile t is shown as labels[t - 1]),
     else ValueError. The board's state stays tiles 1..size²-1 (its rules and solver are unchanged);
@@ -516,7 +555,7 @@ def greedy_move(grid: Grid) -> str:
     return next((d for d in legal if brings_closer(grid, d)), legal[0])
 
 
-def written_check(grid: Grid) -> str:
+def written_check(grid: Grid, cells: bool = False) -> str:
     """`greedy_move`'s reasoning as text a model can learn to write: where the empty square is, then
     per direction the tile it would move, the row or column it moves along, where that tile belongs,
     and whether the move brings it closer; the chosen direction is the first "closer" line (else the
@@ -527,6 +566,9 @@ def written_check(grid: Grid) -> str:
         down: tile 5, row 2 to 3, belongs in row 2: farther.
         left: tile 8, column 3 to 2, belongs in column 2: closer.
         right: tile 7, column 1 to 2, belongs in column 1: farther.
+
+    With `cells` (for boards written by `render_cells`) each direction's line first names the cell
+    the tile is read from, as the board writes it: ``down: row 2, column 2: tile 5, row 2 to 3, ...``.
     """
     size = len(grid)
     er, ec = empty_square(grid)
@@ -540,7 +582,9 @@ def written_check(grid: Grid) -> str:
         hr, hc = home_cell(tile, size)
         axis, frm, to, home = ("row", r, er, hr) if dr else ("column", c, ec, hc)
         verdict = "closer" if abs(to - home) < abs(frm - home) else "farther"  # only this axis changes
+        cell = f"row {r + 1}, column {c + 1}: " if cells else ""
         lines.append(
-            f"{direction}: tile {tile}, {axis} {frm + 1} to {to + 1}, belongs in {axis} {home + 1}: {verdict}."
+            f"{direction}: {cell}tile {tile}, {axis} {frm + 1} to {to + 1}, belongs in {axis} {home + 1}: "
+            f"{verdict}."
         )
     return "\n".join(lines)
