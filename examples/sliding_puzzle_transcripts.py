@@ -47,13 +47,15 @@ def write_transcripts(
     split: str = "train",
     show_heldout: bool = False,
     checked: bool = False,
+    hide_within: int | None = None,
 ) -> int:
     """Write `count` transcripts of puzzles of `split` drawn from `seed`; returns the number of moves.
     Held-out boards are hidden (`oracle_transcript`'s hide_heldout) in training transcripts unless
-    `show_heldout`. With `checked`, the player that writes its check (`checked_transcript`)."""
+    `show_heldout` (with `hide_within`, only held-out boards within that many moves of solved). With
+    `checked`, the player that writes its check (`checked_transcript`)."""
     play = checked_transcript if checked else oracle_transcript
     rows = [
-        (play(env, task, hide_heldout=split == "train" and not show_heldout), task)
+        (play(env, task, hide_heldout=split == "train" and not show_heldout, hide_within=hide_within), task)
         for task in env.generate_tasks(count, seed, split=split)
     ]
     write_rows(out, rows)
@@ -74,10 +76,18 @@ def main(argv: list[str] | None = None) -> None:
         help="the greedy player that writes its check before each move (checked_transcript; needs an "
         "environment without action_prefix) in place of the optimal player",
     )
+    parser.add_argument(
+        "--hide-within",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hide only the held-out boards within N moves of solved (default: every held-out board); "
+        "N >= the evaluation's shuffle + its moves hides every board a held-out episode can show",
+    )
     args = parser.parse_args(argv)
     env = SlidingPuzzleEnvironment(**json.loads(args.env))
     moves = write_transcripts(
-        args.out, env, args.count, args.seed, args.split, args.show_heldout, args.checked
+        args.out, env, args.count, args.seed, args.split, args.show_heldout, args.checked, args.hide_within
     )
     print(f"wrote {args.count} transcripts ({moves} moves) to {args.out}")
 

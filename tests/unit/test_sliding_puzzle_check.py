@@ -19,12 +19,14 @@ from posttrain.environments.sliding_puzzle_board import (
     boards_near_goal,
     brings_closer,
     greedy_move,
+    hidden_from_training,
     is_heldout,
     is_solved,
     legal_directions,
     render,
     render_board,
     render_cells,
+    task_grid,
     written_check,
 )
 
@@ -272,3 +274,44 @@ def test_the_check_report_reads_both_board_formats(board_format: str) -> None:
     assert worse["empty_square_line"] == worse["all_lines"] == pytest.approx((turns - 1) / turns)
     assert worse["direction_lines"] == 1.0 and worse["move_is_legal"] == 1.0
     assert worse["move_follows_own_check"] == worse["move_is_greedy"] == pytest.approx((turns - 1) / turns)
+
+
+def test_hidden_from_training_within_a_distance() -> None:
+    near = boards_near_goal(3, 11)
+    heldout = {d: grid_of(k) for k, d in sorted(near.items(), key=lambda kv: kv[1]) if is_heldout(grid_of(k))}
+    train = next(grid_of(k) for k, d in near.items() if d == 5 and not is_heldout(grid_of(k)))
+    assert not hidden_from_training(train) and not hidden_from_training(train, within=11)
+    board5, board11 = heldout[5], heldout[11]
+    assert hidden_from_training(board5) and hidden_from_training(board5, within=5)
+    assert not hidden_from_training(board5, within=4)  # 5 moves from solved: beyond 4
+    assert hidden_from_training(board11, within=11) and not hidden_from_training(board11, within=10)
+
+
+def test_cells_transcripts_hide_every_board_a_heldout_episode_can_show() -> None:
+    """The recipe's transcripts (sft_sliding_puzzle_cells.yaml: shuffles of up to 81 moves, held-out
+    boards within 11 moves hidden) never draw a held-out board within 11 moves of solved, and every
+    board the held-out evaluations start from (5 shuffle moves at most, 6 moves: within 11 moves of
+    solved all along) is such a board; a part of the transcripts play all 6 turns."""
+    recipe = (Path(__file__).parents[2] / "examples/configs/sft_sliding_puzzle_cells.yaml").read_text()
+    env_kwargs = json.loads(re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1))
+    within = int(re.search(r"--hide-within (\d+)", recipe).group(1))
+    assert within >= 5 + 6
+    env = SlidingPuzzleEnvironment(**env_kwargs)
+    hidden = [
+        render_cells(grid_of(k))
+        for k, d in boards_near_goal(3, within).items()
+        if d <= within and is_heldout(grid_of(k))
+    ]
+    turns = []
+    for task in env.generate_tasks(60, seed=8, split="train"):
+        messages = checked_transcript(env, task, hide_within=within)
+        text = "\n".join(m["content"] for m in messages)
+        assert not any(board in text for board in hidden)
+        turns.append(sum(m["role"] == "assistant" for m in messages))
+    assert turns.count(6) >= 10
+    for min_solution_moves in (1, 3):
+        evaluation = SlidingPuzzleEnvironment(
+            min_size=3, max_size=3, max_shuffle_moves=5, max_moves=6, min_solution_moves=min_solution_moves
+        )
+        for task in evaluation.generate_tasks(256, 99999, split="heldout"):
+            assert hidden_from_training(task_grid(task), within)

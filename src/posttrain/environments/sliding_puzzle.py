@@ -58,6 +58,7 @@ from posttrain.environments.sliding_puzzle_board import (
     blind_solved_rate,
     check_labels,
     greedy_move,
+    hidden_from_training,
     is_heldout,
     is_solved,
     legal_directions,
@@ -409,7 +410,10 @@ def _relabel_move_text(text: str, before: Grid, after: Grid, labels: list[int]) 
 
 
 def oracle_transcript(
-    env: SlidingPuzzleEnvironment, task: dict[str, Any], hide_heldout: bool = True
+    env: SlidingPuzzleEnvironment,
+    task: dict[str, Any],
+    hide_heldout: bool = True,
+    hide_within: int | None = None,
 ) -> list[Message]:
     """The conversation of an optimal player on `task`, through the environment's own `reset` and `step`:
     its first messages, then per move the assistant turn `<action>{direction}</action>` (what an
@@ -420,13 +424,16 @@ def oracle_transcript(
     With `hide_heldout`, no held-out board (`is_heldout`) is shown: the task must start from a
     training board, and with `redraw_board` the player prefers shortest moves that lead to training
     boards and the conversation stops after a move to a held-out board, before the observation that
-    would draw it. SFT on these trains no reply to a board of the held-out pool.
+    would draw it. SFT on these trains no reply to a board of the held-out pool. With `hide_within`,
+    only held-out boards within that many moves of solved are hidden (`hidden_from_training`): a
+    transcript through held-out boards far from solved plays on.
     """
     limit = int(task["shuffle_moves"])
     return _play(
         env,
         task,
         hide_heldout,
+        hide_within,
         lambda grid, hide_boards: (
             f"<action>{oracle_moves(grid, limit, prefer_train=hide_boards)[0]}</action>"
         ),
@@ -434,14 +441,18 @@ def oracle_transcript(
 
 
 def checked_transcript(
-    env: SlidingPuzzleEnvironment, task: dict[str, Any], hide_heldout: bool = True
+    env: SlidingPuzzleEnvironment,
+    task: dict[str, Any],
+    hide_heldout: bool = True,
+    hide_within: int | None = None,
 ) -> list[Message]:
     """The conversation of the greedy player that writes its check (`written_check`, then
     `<action>{greedy_move}</action>` in the same assistant turn), through the environment's own
     `reset` and `step`, until solved or `env.max_moves` runs out. The environment must not have
     `action_prefix` (the check comes before the action tag). With `hide_heldout`, as in
     `oracle_transcript`: the task starts from a training board and, with `redraw_board`, the
-    conversation stops after a move to a held-out board, before the observation that would draw it.
+    conversation stops after a move to a held-out board, before the observation that would draw it
+    (with `hide_within`, a held-out board within that many moves of solved).
     With `board_format="cells"` each check line names the cell it reads (`written_check(cells=True)`).
     """
     if env.action_prefix:
@@ -454,6 +465,7 @@ def checked_transcript(
         env,
         task,
         hide_heldout,
+        hide_within,
         lambda grid, _: f"{written_check(grid, cells=cells)}\n<action>{greedy_move(grid)}</action>",
     )
 
@@ -462,21 +474,23 @@ def _play(
     env: SlidingPuzzleEnvironment,
     task: dict[str, Any],
     hide_heldout: bool,
+    hide_within: int | None,
     reply: Callable[[Grid, bool], str],
 ) -> list[Message]:
     """A player's conversation through the environment's own `reset` and `step`: per turn the
     assistant content `reply(board, hide_boards)` and the observation, until the episode is done or,
-    with `hide_heldout` and `redraw_board` (`hide_boards`), right after a move to a held-out board.
-    With `hide_heldout` the task must start from a training board."""
+    with `hide_heldout` and `redraw_board` (`hide_boards`), right after a move to a board hidden from
+    training (`hidden_from_training(board, hide_within)`). With `hide_heldout` the task must not
+    start from such a board."""
     [start] = env.reset([task], [0])
     messages, meta = list(start.messages), start.metadata
-    if hide_heldout and is_heldout(meta["grid"]):
+    if hide_heldout and hidden_from_training(meta["grid"], hide_within):
         raise ValueError(f"task {task} starts from a held-out board")
     hide_boards = hide_heldout and env.redraw_board
     while True:
         messages.append({"role": "assistant", "content": reply(meta["grid"], hide_boards)})
         result = env.step([messages], [meta])
         meta = result.metadata[0]
-        if result.done[0] or (hide_boards and is_heldout(meta["grid"])):
+        if result.done[0] or (hide_boards and hidden_from_training(meta["grid"], hide_within)):
             return messages
         messages.append(result.observations[0])

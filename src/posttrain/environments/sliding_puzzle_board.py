@@ -266,6 +266,19 @@ def is_heldout(grid: Grid) -> bool:
     return _digest(grid) < _digest(other)
 
 
+def hidden_from_training(grid: Grid, within: int | None = None) -> bool:
+    """Whether a training transcript must not show `grid`: every held-out board (`is_heldout`), or with
+    `within` only the held-out boards within that many moves of solved. A held-out evaluation of boards
+    shuffled by at most k moves, played for at most m moves, can only show boards within k + m moves
+    of solved: with `within >= k + m` no board of it is hidden less than with `within=None`."""
+    if not is_heldout(grid):
+        return False
+    if within is None:
+        return True
+    distance = boards_near_goal(len(grid), within).get(board_key(grid))
+    return distance is not None and distance <= within
+
+
 # --- distances from solved -------------------------------------------------------------------------
 
 MAX_LISTED_BOARDS = 500_000
