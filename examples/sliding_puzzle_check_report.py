@@ -59,7 +59,9 @@ def report(samples: list[dict[str, Any]]) -> dict[str, float]:
     turns = 0
     for sample in samples:
         shown = board_in(sample["prompt"])
-        for message in sample["messages"]:
+        # an episode of one turn is stored as its completion alone (no message log)
+        messages = sample.get("messages") or [{"role": "assistant", "content": sample["completion"]}]
+        for message in messages:
             if message["role"] == "user":
                 shown = board_in(message["content"]) or shown
                 continue

@@ -252,7 +252,9 @@ def test_the_check_report_reads_both_board_formats(board_format: str) -> None:
     for task in env.generate_tasks(6, seed=5, split="train"):
         first, *rest = checked_transcript(env, task)
         samples.append({"prompt": first["content"], "messages": rest})
-    turns = sum(m["role"] == "assistant" for s in samples for m in s["messages"])
+    # `posttrain eval` keeps an episode of one turn as its completion, without a message log
+    samples.append({"prompt": first["content"], "messages": None, "completion": rest[0]["content"]})
+    turns = sum(m["role"] == "assistant" for s in samples for m in s["messages"] or [{"role": "assistant"}])
     perfect = report(samples)
     assert perfect == {
         "turns": turns,
