@@ -10,7 +10,10 @@ grid or one line per cell). Prints, as JSON, the share of turns whose:
 - `all_lines`: five lines are all right;
 - `move_follows_own_check`: action is the first direction its own check calls `closer`;
 - `move_is_greedy`: action is `greedy_move` of the board (what the check, written right, picks);
-- `move_is_legal`: action is a legal direction.
+- `move_is_legal`: action is a legal direction;
+
+and per turn of the episode (first, second, ...): `turns_by_turn` (how many episodes reached it),
+`all_lines_by_turn` and `move_is_greedy_by_turn`.
 
     python examples/sliding_puzzle_check_report.py runs/eval-sliding-puzzle-cells/samples.jsonl
 """
@@ -53,14 +56,16 @@ def own_choice(check_lines: list[str]) -> str | None:
     return next((line.split(":")[0] for line in check_lines if line.endswith("closer.")), None)
 
 
-def report(samples: list[dict[str, Any]]) -> dict[str, float]:
+def report(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """The shares described in the module docstring, over every assistant turn of `samples`."""
     counts: Counter[str] = Counter()
+    by_turn: list[Counter[str]] = []
     turns = 0
     for sample in samples:
         shown = board_in(sample["prompt"])
         # an episode of one turn is stored as its completion alone (no message log)
         messages = sample.get("messages") or [{"role": "assistant", "content": sample["completion"]}]
+        turn = 0
         for message in messages:
             if message["role"] == "user":
                 shown = board_in(message["content"]) or shown
@@ -78,11 +83,23 @@ def report(samples: list[dict[str, Any]]) -> dict[str, float]:
             counts["move_follows_own_check"] += own_choice(got[1:5]) == action
             counts["move_is_greedy"] += action == greedy_move(board)
             counts["move_is_legal"] += action in legal_directions(board)
+            if turn == len(by_turn):
+                by_turn.append(Counter())
+            by_turn[turn].update(
+                turns=1, all_lines=got[:5] == truth, move_is_greedy=action == greedy_move(board)
+            )
+            turn += 1
     if not turns:
         raise ValueError("no assistant turn with a board before it in these samples")
     shares = {key: counts[key] / turns for key in counts}
     shares["direction_lines"] /= 4
-    return {"turns": turns, **shares}
+    return {
+        "turns": turns,
+        **shares,
+        "turns_by_turn": [c["turns"] for c in by_turn],
+        "all_lines_by_turn": [c["all_lines"] / c["turns"] for c in by_turn],
+        "move_is_greedy_by_turn": [c["move_is_greedy"] / c["turns"] for c in by_turn],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -256,6 +256,9 @@ def test_the_check_report_reads_both_board_formats(board_format: str) -> None:
     samples.append({"prompt": first["content"], "messages": None, "completion": rest[0]["content"]})
     turns = sum(m["role"] == "assistant" for s in samples for m in s["messages"] or [{"role": "assistant"}])
     perfect = report(samples)
+    by_turn = perfect.pop("turns_by_turn")
+    assert sum(by_turn) == turns and by_turn[0] == len(samples)
+    assert perfect.pop("all_lines_by_turn") == perfect.pop("move_is_greedy_by_turn") == [1.0] * len(by_turn)
     assert perfect == {
         "turns": turns,
         "empty_square_line": 1.0,
@@ -273,6 +276,8 @@ def test_the_check_report_reads_both_board_formats(board_format: str) -> None:
     lines[-1] = f"<action>{farther}</action>"
     samples[0]["messages"][0] = {"role": "assistant", "content": "\n".join(lines)}
     worse = report(samples)
+    assert worse["all_lines_by_turn"][0] == pytest.approx(1 - 1 / len(samples))
+    assert worse["all_lines_by_turn"][1:] == [1.0] * (len(by_turn) - 1)
     assert worse["empty_square_line"] == worse["all_lines"] == pytest.approx((turns - 1) / turns)
     assert worse["direction_lines"] == 1.0 and worse["move_is_legal"] == 1.0
     assert worse["move_follows_own_check"] == worse["move_is_greedy"] == pytest.approx((turns - 1) / turns)
