@@ -347,9 +347,8 @@ def test_sliding_puzzle_cells_recipe(tiny_model_dir: Path, tmp_path: Path) -> No
     recipe = Path("examples/configs/sft_sliding_puzzle_cells.yaml").read_text()
     env = re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1)
     assert json.loads(env)["board_format"] == "cells"
-    within = re.search(r"--hide-within (\d+)", recipe).group(1)
     train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
-    script["main"]([str(train), "--count", "8", "--checked", "--hide-within", within, "--env", env])
+    script["main"]([str(train), "--count", "8", "--checked", "--env", env])
     script["main"](
         [str(held), "--count", "2", "--seed", "99999", "--split", "heldout", "--checked", "--env", env]
     )

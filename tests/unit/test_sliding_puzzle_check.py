@@ -295,15 +295,12 @@ def test_hidden_from_training_within_a_distance() -> None:
 
 
 def test_cells_transcripts_hide_every_board_a_heldout_episode_can_show() -> None:
-    """The recipe's transcripts (sft_sliding_puzzle_cells.yaml: shuffles of up to 81 moves, held-out
-    boards within 11 moves hidden) never draw a held-out board within 11 moves of solved, and every
-    board the held-out evaluations start from (5 shuffle moves at most, 6 moves: within 11 moves of
-    solved all along) is such a board; a part of the transcripts play all 6 turns."""
-    recipe = (Path(__file__).parents[2] / "examples/configs/sft_sliding_puzzle_cells.yaml").read_text()
-    env_kwargs = json.loads(re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1))
-    within = int(re.search(r"--hide-within (\d+)", recipe).group(1))
-    assert within >= 5 + 6
-    env = SlidingPuzzleEnvironment(**env_kwargs)
+    """The transcripts of the variant with longer conversations (docs/environments.md#a-board-written-cell-by-cell:
+    shuffles of up to 81 moves, `--hide-within 11`) never draw a held-out board within 11 moves of
+    solved, and every board the held-out evaluations start from (5 shuffle moves at most, 6 moves:
+    within 11 moves of solved all along) is such a board; a part of the transcripts play all 6 turns."""
+    within = 11
+    env = SlidingPuzzleEnvironment(**{**ENV, "max_shuffle_moves": 81, "board_format": "cells"})
     hidden = [
         render_cells(grid_of(k))
         for k, d in boards_near_goal(3, within).items()
