@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -260,6 +261,33 @@ def sft_one_step(recipe: str, model_dir: Path, train: Path, held: Path, run_dir:
     assert main([*sft, "logging.tensorboard=false", f"logging.run_dir={run_dir}"]) == 0
 
 
+def checked_transcripts(recipe: str, tmp_path: Path) -> tuple[Path, Path]:
+    """8 training and 2 held-out checked transcripts, written by the script with the environment of
+    the recipe's header (its `ENV='...'` line)."""
+    import runpy
+
+    script = runpy.run_path("examples/sliding_puzzle_transcripts.py", run_name="transcripts")
+    env = re.search(r"^#   ENV='(.*)'$", Path(f"examples/configs/{recipe}").read_text(), re.M).group(1)
+    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
+    script["main"]([str(train), "--count", "8", "--checked", "--env", env])
+    script["main"](
+        [str(held), "--count", "2", "--seed", "99999", "--split", "heldout", "--checked", "--env", env]
+    )
+    return train, held
+
+
+def eval_two_boards(recipe: str, model: Path, out: Path) -> dict[str, Any]:
+    """`posttrain eval` with an example recipe on 2 held-out boards, 8 tokens a turn; its summary."""
+    evaluation = ["eval", "--config", f"examples/configs/{recipe}", f"model={model}"]
+    evaluation += [
+        "data.dataset.environment_tasks.size=2",
+        "generation.max_new_tokens=8",
+        f"output_dir={out}",
+    ]
+    assert main(evaluation) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
 @pytest.mark.slow  # ~15 s on the 2-core machine
 def test_sliding_puzzle_relabel_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
     """sft_sliding_puzzle_relabel.yaml for one step on relabelled transcripts (the script with the
@@ -293,16 +321,7 @@ def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     environment of the recipe's header), GRPO from it (grpo_sliding_puzzle_3x3_checked.yaml: boards
     3 or 5 moves from solved), then eval_sliding_puzzle_3x3_checked.yaml: no "<action>" prefix, the
     blind baseline and the first-move rate in validation and in the summary."""
-    import runpy
-
-    script = runpy.run_path("examples/sliding_puzzle_transcripts.py", run_name="transcripts")
-    recipe = Path("examples/configs/sft_sliding_puzzle_checked.yaml").read_text()
-    env = re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1)
-    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
-    script["main"]([str(train), "--count", "8", "--checked", "--env", env])
-    script["main"](
-        [str(held), "--count", "2", "--seed", "99999", "--split", "heldout", "--checked", "--env", env]
-    )
+    train, held = checked_transcripts("sft_sliding_puzzle_checked.yaml", tmp_path)
     first_reply = json.loads(train.read_text().splitlines()[0])["messages"][1]["content"]
     assert first_reply.startswith("Empty square: row ") and first_reply.endswith("</action>")
     common = ["cluster.backend=local", "logging.tensorboard=false"]
@@ -318,19 +337,7 @@ def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     rows = [json.loads(line) for line in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
     assert all(0.0 < r["val/env/blind_solved_rate"] <= 1.0 for r in rows if "val/accuracy" in r)
-    evaluation = [
-        "eval",
-        "--config",
-        "examples/configs/eval_sliding_puzzle_3x3_checked.yaml",
-        f"model={sft_dir}",
-    ]
-    evaluation += [
-        "data.dataset.environment_tasks.size=2",
-        "generation.max_new_tokens=8",
-        f"output_dir={out}",
-    ]
-    assert main(evaluation) == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = eval_two_boards("eval_sliding_puzzle_3x3_checked.yaml", sft_dir, out)
     assert summary["num_problems"] == 2
     assert {"env/first_move_optimal_rate", "env/blind_solved_rate"} <= set(summary)
 
@@ -342,33 +349,16 @@ def test_sliding_puzzle_cells_recipe(tiny_model_dir: Path, tmp_path: Path) -> No
     the held-out boards written the same way, and the check report on its samples."""
     import runpy
 
-    script = runpy.run_path("examples/sliding_puzzle_transcripts.py", run_name="transcripts")
     report = runpy.run_path("examples/sliding_puzzle_check_report.py", run_name="report")["report"]
     recipe = Path("examples/configs/sft_sliding_puzzle_cells.yaml").read_text()
-    env = re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1)
-    assert json.loads(env)["board_format"] == "cells"
-    train, held = tmp_path / "sft.jsonl", tmp_path / "sft_heldout.jsonl"
-    script["main"]([str(train), "--count", "8", "--checked", "--env", env])
-    script["main"](
-        [str(held), "--count", "2", "--seed", "99999", "--split", "heldout", "--checked", "--env", env]
-    )
+    assert json.loads(re.search(r"^#   ENV='(.*)'$", recipe, re.M).group(1))["board_format"] == "cells"
+    train, held = checked_transcripts("sft_sliding_puzzle_cells.yaml", tmp_path)
     first = json.loads(train.read_text().splitlines()[0])["messages"]
     assert "Board:\nrow 1, column 1: " in first[0]["content"] and "+---" not in first[0]["content"]
     assert re.search(r"^(up|down|left|right): row \d, column \d: tile \d, ", first[1]["content"], re.M)
     sft_dir, out = tmp_path / "sft", tmp_path / "eval"
     sft_one_step("sft_sliding_puzzle_cells.yaml", tiny_model_dir, train, held, sft_dir)
-    evaluation = [
-        "eval",
-        "--config",
-        "examples/configs/eval_sliding_puzzle_3x3_cells.yaml",
-        f"model={sft_dir}",
-    ]
-    evaluation += [
-        "data.dataset.environment_tasks.size=2",
-        "generation.max_new_tokens=8",
-        f"output_dir={out}",
-    ]
-    assert main(evaluation) == 0
+    assert eval_two_boards("eval_sliding_puzzle_3x3_cells.yaml", sft_dir, out)["num_problems"] == 2
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert all("Board:\nrow 1, column 1: " in s["prompt"] for s in samples)
     shares = report(samples)  # a one-step tiny model writes no check: every line wrong
