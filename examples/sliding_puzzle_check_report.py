@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.environments.sliding_puzzle import parse_action
-from posttrain.environments.sliding_puzzle_board import Grid, greedy_move, legal_directions, written_check
+from posttrain.environments.sliding_puzzle_board import Grid, legal_directions
+from posttrain.environments.sliding_puzzle_check import greedy_move, written_check
 
 CELL = re.compile(r"^row (\d+), column (\d+): (\d+|_)$", re.M)
 GRID_ROW = re.compile(r"^\s*\d+ \| ([\d_ ]+) \|$", re.M)

@@ -17,8 +17,6 @@ from posttrain.environments.sliding_puzzle_board import (
     Grid,
     apply_action,
     boards_near_goal,
-    brings_closer,
-    greedy_move,
     hidden_from_training,
     is_heldout,
     is_solved,
@@ -27,8 +25,8 @@ from posttrain.environments.sliding_puzzle_board import (
     render_board,
     render_cells,
     task_grid,
-    written_check,
 )
+from posttrain.environments.sliding_puzzle_check import brings_closer, greedy_move, written_check
 
 SCRIPT = Path(__file__).parents[2] / "examples" / "sliding_puzzle_transcripts.py"
 REPORT = Path(__file__).parents[2] / "examples" / "sliding_puzzle_check_report.py"

@@ -57,7 +57,6 @@ from posttrain.environments.sliding_puzzle_board import (
     apply_action,
     blind_solved_rate,
     check_labels,
-    greedy_move,
     hidden_from_training,
     is_heldout,
     is_solved,
@@ -71,8 +70,8 @@ from posttrain.environments.sliding_puzzle_board import (
     solved_grid,
     task_grid,
     tiles_in_place,
-    written_check,
 )
+from posttrain.environments.sliding_puzzle_check import greedy_move, written_check
 
 STOP_STRINGS = ("</action>",)
 MAX_BLIND_MOVES = 10
