@@ -34,6 +34,8 @@ Around the game (docs/environments.md#sliding-puzzle-on-3x3-boards):
 - **Checked transcripts** (`checked_transcript`): a player that writes, before each move, where the
   empty square is and whether each move brings its tile closer to home (`written_check`), then plays
   the first move that does (`greedy_move`): a procedure to learn in place of a lookup of boards.
+- **Board formats** (`board_format`): a board drawn as a grid (`render`) or written one line per cell,
+  `row r, column c: tile` (`render_cells`), where a cell is found by its written coordinates.
 """
 
 from __future__ import annotations
