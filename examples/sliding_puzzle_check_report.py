@@ -78,17 +78,16 @@ def report(samples: list[dict[str, Any]]) -> dict[str, Any]:
             truth = written_check(board, cells=cells).split("\n")
             got = message["content"].split("\n")
             action = parse_action(message["content"])
+            greedy = action == greedy_move(board)
             counts["empty_square_line"] += got[0] == truth[0]
             counts["direction_lines"] += sum(t == g for t, g in zip(truth[1:], got[1:5], strict=False))
             counts["all_lines"] += got[:5] == truth
             counts["move_follows_own_check"] += own_choice(got[1:5]) == action
-            counts["move_is_greedy"] += action == greedy_move(board)
+            counts["move_is_greedy"] += greedy
             counts["move_is_legal"] += action in legal_directions(board)
             if turn == len(by_turn):
                 by_turn.append(Counter())
-            by_turn[turn].update(
-                turns=1, all_lines=got[:5] == truth, move_is_greedy=action == greedy_move(board)
-            )
+            by_turn[turn].update(turns=1, all_lines=got[:5] == truth, move_is_greedy=greedy)
             turn += 1
     if not turns:
         raise ValueError("no assistant turn with a board before it in these samples")

@@ -110,16 +110,12 @@ def render(grid: Grid, labels: Sequence[int] | None = None) -> str:
     size = len(grid)
     width = len(str(size * size - 1))
 
-    def cell(value: int) -> str:
-        shown = value if labels is None or not value else labels[value - 1]
-        return (str(shown) if value else "_").rjust(width)
-
     label_width = len(str(size))
     pad = " " * label_width
     border = f"{pad} +{'-' * ((width + 1) * size + 1)}+"
     header = f"{pad}   " + " ".join(str(c + 1).rjust(width) for c in range(size))
     rows = [
-        f"{str(r + 1).rjust(label_width)} | " + " ".join(cell(v) for v in row) + " |"
+        f"{str(r + 1).rjust(label_width)} | " + " ".join(_shown(v, labels).rjust(width) for v in row) + " |"
         for r, row in enumerate(grid)
     ]
     return "\n".join([header, border, *rows, border])
@@ -536,6 +532,3 @@ def oracle_moves(grid: Grid, limit: int, prefer_train: bool = False) -> list[str
         move, grid = closer[0]
         moves.append(move)
     return moves
-
-
-# --- a player that writes its check ------------------------------------------------------------------
