@@ -288,6 +288,22 @@ def eval_two_boards(recipe: str, model: Path, out: Path) -> dict[str, Any]:
     return json.loads((out / "summary.json").read_text())
 
 
+def grpo_puzzle_one_step(recipe: str, sft_dir: Path, run_dir: Path) -> list[dict[str, Any]]:
+    """`posttrain grpo` with a 3x3 sliding-puzzle recipe for one step of 2 boards x 2 episodes from the
+    SFT run's checkpoint, validated before and after on 2 held-out boards; its metrics rows."""
+    [checkpoint] = (sft_dir / "checkpoints").glob("step_*")
+    grpo = ["grpo", "--config", f"examples/configs/{recipe}", f"policy.model_name={checkpoint / 'model'}"]
+    grpo += ["policy.dtype=float32", "grpo.max_steps=1", "data.train.environment_tasks.size=4"]
+    grpo += ["data.validation.environment_tasks.size=2", "grpo.prompts_per_step=2"]
+    grpo += ["grpo.generations_per_prompt=2", "grpo.val_every=1", "generation.max_new_tokens=8"]
+    grpo += ["cluster.backend=local", "logging.tensorboard=false", f"logging.run_dir={run_dir}"]
+    assert main(grpo) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
+    assert all(0.0 < r["val/env/blind_solved_rate"] <= 1.0 for r in rows if "val/accuracy" in r)
+    return rows
+
+
 @pytest.mark.slow  # ~15 s on the 2-core machine
 def test_sliding_puzzle_relabel_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
     """sft_sliding_puzzle_relabel.yaml for one step on relabelled transcripts (the script with the
@@ -324,19 +340,9 @@ def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
     train, held = checked_transcripts("sft_sliding_puzzle_checked.yaml", tmp_path)
     first_reply = json.loads(train.read_text().splitlines()[0])["messages"][1]["content"]
     assert first_reply.startswith("Empty square: row ") and first_reply.endswith("</action>")
-    common = ["cluster.backend=local", "logging.tensorboard=false"]
     sft_dir, grpo_dir, out = tmp_path / "sft", tmp_path / "grpo", tmp_path / "eval"
     sft_one_step("sft_sliding_puzzle_checked.yaml", tiny_model_dir, train, held, sft_dir)
-    [checkpoint] = (sft_dir / "checkpoints").glob("step_*")
-    grpo = ["grpo", "--config", "examples/configs/grpo_sliding_puzzle_3x3_checked.yaml"]
-    grpo += [f"policy.model_name={checkpoint / 'model'}", "policy.dtype=float32", "grpo.max_steps=1"]
-    grpo += ["data.train.environment_tasks.size=4", "data.validation.environment_tasks.size=2"]
-    grpo += ["grpo.prompts_per_step=2", "grpo.generations_per_prompt=2", "grpo.val_every=1"]
-    grpo += ["generation.max_new_tokens=8", *common, f"logging.run_dir={grpo_dir}"]
-    assert main(grpo) == 0
-    rows = [json.loads(line) for line in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
-    assert all(0.0 < r["val/env/blind_solved_rate"] <= 1.0 for r in rows if "val/accuracy" in r)
+    grpo_puzzle_one_step("grpo_sliding_puzzle_3x3_checked.yaml", sft_dir, grpo_dir)
     summary = eval_two_boards("eval_sliding_puzzle_3x3_checked.yaml", sft_dir, out)
     assert summary["num_problems"] == 2
     assert {"env/first_move_optimal_rate", "env/blind_solved_rate"} <= set(summary)
@@ -345,8 +351,10 @@ def test_sliding_puzzle_checked_recipe(tiny_model_dir: Path, tmp_path: Path) -> 
 @pytest.mark.slow  # ~15 s on the 2-core machine
 def test_sliding_puzzle_cells_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
     """sft_sliding_puzzle_cells.yaml for one step on checked transcripts of boards written cell by cell
-    (the script with the environment of the recipe's header), then eval_sliding_puzzle_3x3_cells.yaml:
-    the held-out boards written the same way, and the check report on its samples."""
+    (the script with the environment of the recipe's header), GRPO from it
+    (grpo_sliding_puzzle_3x3_cells.yaml: its episodes' boards written the same way), then
+    eval_sliding_puzzle_3x3_cells.yaml: the held-out boards written the same way, and the check report
+    on its samples."""
     import runpy
 
     report = runpy.run_path("examples/sliding_puzzle_check_report.py", run_name="report")["report"]
@@ -358,6 +366,9 @@ def test_sliding_puzzle_cells_recipe(tiny_model_dir: Path, tmp_path: Path) -> No
     assert re.search(r"^(up|down|left|right): row \d, column \d: tile \d, ", first[1]["content"], re.M)
     sft_dir, out = tmp_path / "sft", tmp_path / "eval"
     sft_one_step("sft_sliding_puzzle_cells.yaml", tiny_model_dir, train, held, sft_dir)
+    grpo_puzzle_one_step("grpo_sliding_puzzle_3x3_cells.yaml", sft_dir, tmp_path / "grpo")
+    episodes = [json.loads(line) for line in (tmp_path / "grpo" / "samples.jsonl").read_text().splitlines()]
+    assert episodes and all("Board:\nrow 1, column 1: " in e["prompt"] for e in episodes)
     assert eval_two_boards("eval_sliding_puzzle_3x3_cells.yaml", sft_dir, out)["num_problems"] == 2
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert all("Board:\nrow 1, column 1: " in s["prompt"] for s in samples)
