@@ -288,9 +288,9 @@ def eval_two_boards(recipe: str, model: Path, out: Path) -> dict[str, Any]:
     return json.loads((out / "summary.json").read_text())
 
 
-def grpo_puzzle_one_step(recipe: str, sft_dir: Path, run_dir: Path) -> list[dict[str, Any]]:
+def grpo_puzzle_one_step(recipe: str, sft_dir: Path, run_dir: Path) -> None:
     """`posttrain grpo` with a 3x3 sliding-puzzle recipe for one step of 2 boards x 2 episodes from the
-    SFT run's checkpoint, validated before and after on 2 held-out boards; its metrics rows."""
+    SFT run's checkpoint, validated before and after on 2 held-out boards (with the blind baseline)."""
     [checkpoint] = (sft_dir / "checkpoints").glob("step_*")
     grpo = ["grpo", "--config", f"examples/configs/{recipe}", f"policy.model_name={checkpoint / 'model'}"]
     grpo += ["policy.dtype=float32", "grpo.max_steps=1", "data.train.environment_tasks.size=4"]
@@ -301,7 +301,6 @@ def grpo_puzzle_one_step(recipe: str, sft_dir: Path, run_dir: Path) -> list[dict
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 1]
     assert all(0.0 < r["val/env/blind_solved_rate"] <= 1.0 for r in rows if "val/accuracy" in r)
-    return rows
 
 
 @pytest.mark.slow  # ~15 s on the 2-core machine
@@ -364,10 +363,10 @@ def test_sliding_puzzle_cells_recipe(tiny_model_dir: Path, tmp_path: Path) -> No
     first = json.loads(train.read_text().splitlines()[0])["messages"]
     assert "Board:\nrow 1, column 1: " in first[0]["content"] and "+---" not in first[0]["content"]
     assert re.search(r"^(up|down|left|right): row \d, column \d: tile \d, ", first[1]["content"], re.M)
-    sft_dir, out = tmp_path / "sft", tmp_path / "eval"
+    sft_dir, grpo_dir, out = tmp_path / "sft", tmp_path / "grpo", tmp_path / "eval"
     sft_one_step("sft_sliding_puzzle_cells.yaml", tiny_model_dir, train, held, sft_dir)
-    grpo_puzzle_one_step("grpo_sliding_puzzle_3x3_cells.yaml", sft_dir, tmp_path / "grpo")
-    episodes = [json.loads(line) for line in (tmp_path / "grpo" / "samples.jsonl").read_text().splitlines()]
+    grpo_puzzle_one_step("grpo_sliding_puzzle_3x3_cells.yaml", sft_dir, grpo_dir)
+    episodes = [json.loads(line) for line in (grpo_dir / "samples.jsonl").read_text().splitlines()]
     assert episodes and all("Board:\nrow 1, column 1: " in e["prompt"] for e in episodes)
     assert eval_two_boards("eval_sliding_puzzle_3x3_cells.yaml", sft_dir, out)["num_problems"] == 2
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
