@@ -209,7 +209,7 @@ def test_a_prompt_longer_than_max_seq_len_is_a_clear_error(tokenizer):
         _run(tokenizer, Counter(), ["x"], [{"start": 1}], max_seq_len=8)
 
 
-@pytest.mark.parametrize("env_name", ["counter", "sliding_puzzle"])
+@pytest.mark.parametrize("env_name", ["counter", "sliding_puzzle", "sliding_puzzle_board_only"])
 def test_continuous_episodes_equal_turn_by_turn_when_greedy(tmp_path_factory, tokenizer, env_name):
     """Without a turn barrier episodes decode in one continuous batch, joining and leaving as their
     turns end; greedy decoding gives every row the tokens it gets alone, so both loops build the same
@@ -225,8 +225,8 @@ def test_continuous_episodes_equal_turn_by_turn_when_greedy(tmp_path_factory, to
     generator = LocalGenerator(str(model_dir), tokenizer, backend="hf", device="cpu")
     if env_name == "counter":
         env, tasks = Counter(turns=3), [{"start": 1}, {"start": 2}]
-    else:
-        env = SlidingPuzzleEnvironment(max_moves=3)
+    else:  # board_only: every turn restarts the conversation (the continuous decode drops its cache)
+        env = SlidingPuzzleEnvironment(max_moves=3, history=env_name == "sliding_puzzle")
         tasks = env.generate_tasks(2, seed=5)
     out = {}
     for barrier in (True, False):
@@ -247,6 +247,8 @@ def test_continuous_episodes_equal_turn_by_turn_when_greedy(tmp_path_factory, to
         assert a.input_ids == b.input_ids and a.loss_mask == b.loss_mask
         assert a.turn_spans == b.turn_spans and a.turn_rewards == b.turn_rewards
         assert a.stop_reason == b.stop_reason and a.messages == b.messages
+        assert [c.input_ids for c in a.contexts] == [c.input_ids for c in b.contexts]
+        assert len(a.contexts) == (0 if env_name != "sliding_puzzle_board_only" else a.num_turns - 1)
         torch.testing.assert_close(
             torch.tensor(a.generation_logprobs), torch.tensor(b.generation_logprobs), rtol=0, atol=1e-5
         )
@@ -420,3 +422,60 @@ def test_an_episode_ends_truncated_at_its_token_budget(tiny_model_dir, tokenizer
     for t in rollouts.trajectories:
         assert [e - s for s, e in t.turn_spans] == [10, 5] and t.response_length == 15
         assert t.truncated and t.stop_reason == "truncated" and len(t.turn_rewards) == 2
+
+
+class Restarting:
+    """An environment whose every observation is a whole new conversation (`new_context`): "Count from
+    n." with the count moved on, 0.25 a turn, done after `turns` turns."""
+
+    def __init__(self, turns: int = 3) -> None:
+        self.turns = turns
+
+    def reset(self, tasks: list[dict[str, Any]], seeds: list[int]) -> list[EpisodeStart]:
+        return [
+            EpisodeStart([{"role": "user", "content": f"Count from {t['start']}."}], {"count": t["start"]})
+            for t in tasks
+        ]
+
+    def step(self, message_logs, metadata) -> EnvStepResult:
+        metadata = [{**m, "count": m["count"] + 1} for m in metadata]
+        done = [sum(m["role"] == "assistant" for m in log) >= self.turns for log in message_logs]
+        observations = [
+            None if d else {"role": "user", "content": f"Count from {m['count']}."}
+            for m, d in zip(metadata, done, strict=True)
+        ]
+        n = len(metadata)
+        return EnvStepResult([0.25] * n, observations, done, metadata, new_context=[not d for d in done])
+
+    def batch_metrics(self, results: EnvStepResult) -> dict[str, float]:
+        return {}
+
+
+def test_a_new_context_starts_the_next_turn_from_the_observation_alone(tokenizer):
+    from posttrain.rollout.rollout import context_rows
+
+    rollouts, generator = _run(tokenizer, Restarting(turns=3), ["a", "bb", "ccc"], [{"start": 3}], g=1)
+    [t] = rollouts.trajectories
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": f"Count from {n}."}]) for n in (3, 4, 5)]
+    # each turn's generator saw only its own prompt: no earlier turn's tokens
+    assert [call[0][0] for call in generator.calls] == prompts
+    assert len(t.contexts) == 2 and t.num_turns == 3 and t.reward == 0.75
+    replies = [list(tokenizer(r, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+               for r in ("a", "bb", "ccc")]  # fmt: skip
+    sequences = [(c.input_ids, c.loss_mask) for c in t.contexts] + [(t.input_ids, t.loss_mask)]
+    for (ids, mask), prompt, reply in zip(sequences, prompts, replies, strict=True):
+        assert ids == prompt + reply and mask == [0] * len(prompt) + [1] * len(reply)
+    assert t.response_length == sum(len(r) for r in replies)  # over all contexts
+    assert t.observation_tokens == len(prompts[1]) + len(prompts[2])
+    # the whole conversation stays in the messages (for the environment and the transcripts)
+    assert [m["role"] for m in t.messages] == ["user", "assistant"] * 3
+    rows, episode_of = context_rows(rollouts.trajectories)
+    assert [r.input_ids for r in rows] == [s[0] for s in sequences] and episode_of.tolist() == [0, 0, 0]
+    assert [r.turn_spans for r in rows] == [
+        [(len(p), len(p) + len(r))] for p, r in zip(prompts, replies, strict=True)
+    ]
+    assert all(r.reward == 0.75 and not r.contexts for r in rows)
+    batch = build_rl_batch(rows, None, 0)
+    assert batch.loss_mask.sum().item() == t.response_length
+    with pytest.raises(Exception, match="several token sequences"):
+        build_rl_batch(rollouts.trajectories, None, 0)

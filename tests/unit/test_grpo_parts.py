@@ -11,6 +11,7 @@ from posttrain.algorithms.rl_loss import grpo_loss, loss_knobs
 from posttrain.config.loss import AdvantageConfig, LossConfig
 from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
+from posttrain.errors import UserError
 from posttrain.rollout.rollout import RLBatch, Rollouts
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.rl.batch import gradient_rows, loss_normalizers, rows_with_gradient
@@ -333,3 +334,38 @@ def test_dynamic_sampling_compares_scored_samples_only():
     assert stats["dapo/generation_rounds"] == 2 and stats["dapo/kept_groups"] == 1
     # zero-variance fraction per round: 1 (both groups), then 0.5 (group 1 is all 1.0)
     assert stats["reward/zero_variance_fraction"] == 0.75
+
+
+# --- episodes of several token sequences (an environment that restarts the conversation) -----------
+
+
+def _split_episode(reward: float, sequences: int, group: int) -> Trajectory:
+    """An episode of `sequences` token sequences of 3 tokens (prompt, 2 generated) each."""
+    from posttrain.data.trajectory import ClosedContext
+
+    closed = [ClosedContext([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [(1, 3)]) for _ in range(sequences - 1)]
+    spans = [(1, 3)] * sequences
+    return Trajectory(
+        [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [], {}, group_id=group, reward=reward,
+        turn_spans=spans, contexts=closed,
+    )  # fmt: skip
+
+
+def test_make_batch_gives_each_sequence_of_an_episode_the_episode_s_advantage():
+    # group 0: episode A (reward 1, one sequence), B (reward 0, three sequences). Over episodes: mean
+    # 0.5, Bessel std sqrt(0.5): A = +0.5/0.7071 = +0.7071, B = -0.7071 on each of its three rows. Over
+    # rows the baseline would be (1 + 0 + 0 + 0) / 4 = 0.25: not what the episodes earned.
+    rollouts = Rollouts([_split_episode(1.0, 1, 0), _split_episode(0.0, 3, 0)], {})
+    batch, metrics = _trainer().make_batch(rollouts)
+    a = 0.5 / (0.5**0.5 + 1e-6)
+    assert batch.advantages.tolist() == pytest.approx([a, -a, -a, -a], abs=1e-6)
+    assert batch.input_ids.shape == (4, 3) and batch.loss_mask.sum().item() == 8.0
+    assert metrics["reward/mean"] == 0.5 and metrics["response_length"] == 4.0  # (2 + 6) / 2 episodes
+
+
+def test_split_episodes_refuse_what_needs_one_sequence_per_episode():
+    rollouts = Rollouts([_split_episode(1.0, 2, 0), _split_episode(0.0, 1, 0)], {})
+    with pytest.raises(UserError, match="raw_reward"):
+        _trainer(**{"advantage.estimator": "raw_reward"}).make_batch(rollouts)
+    with pytest.raises(UserError, match="kl_in_reward"):
+        _trainer(**{"loss.kl_in_reward": True, "loss.kl_beta": 0.1}).make_batch(rollouts)

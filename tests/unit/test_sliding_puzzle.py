@@ -248,6 +248,30 @@ def test_view_and_redraw_board() -> None:
     assert drawn["content"] == "Moved tile 5 left.\n\n" + render(moved)
 
 
+def test_without_history_every_turn_restarts_from_the_board_alone() -> None:
+    from posttrain.environments.sliding_puzzle import instructions
+
+    grid = [[1, 2, 3], [4, 0, 5], [7, 8, 6]]
+    moved = [[1, 2, 3], [4, 5, 0], [7, 8, 6]]
+    env = SlidingPuzzleEnvironment(history=False, board_format="cells")
+    # a move, an illegal move and a malformed reply alike: the next prompt is the first message
+    # written for the board the turn left, and it replaces the conversation
+    for text, board in (("<action>left</action>", moved), ("<action>slide 1 1</action>", grid), ("up", grid)):
+        result = env.step([reply(text)], [one_episode(env, grid)])
+        assert result.observations == [{"role": "user", "content": instructions(board, board_format="cells")}]
+        assert result.new_context == [True] and result.done == [False]
+    [start] = env.reset([{"size": 3, "shuffle_moves": 1, "puzzle_seed": 0}], [0])
+    assert start.messages[0]["content"] == instructions(start.metadata["grid"], board_format="cells")
+    # the solving move and the last turn end the episode: no observation, no new context
+    solved = env.step([reply("<action>left</action>")], [one_episode(env, ONE_LEFT)])
+    assert solved.observations == [None] and solved.new_context == [False] and solved.rewards == [1.0]
+    last = env.step([reply("<action>view</action>")], [{**one_episode(env, grid, max_moves=2), "moves": 1}])
+    assert last.done == [True] and last.new_context == [False]
+    # the default keeps the conversation
+    kept = SlidingPuzzleEnvironment().step([reply("<action>left</action>")], [one_episode(env, grid)])
+    assert kept.new_context == [False]
+
+
 def test_max_moves_ends_the_episode_and_shaped_reward() -> None:
     flat, shaped = SlidingPuzzleEnvironment(), SlidingPuzzleEnvironment(shaped_reward=0.5)
     last_turn = {**one_episode(flat, ONE_LEFT, max_moves=3), "moves": 2}

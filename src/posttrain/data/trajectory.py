@@ -8,10 +8,22 @@ observation (`append_observation`, loss mask 0; cut in the middle to `max_observ
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from posttrain.data.tokenize import Message
+
+
+@dataclass
+class ClosedContext:
+    """The token sequence of an episode's earlier turns, closed off when the environment restarted
+    the conversation (`EnvStepResult.new_context`): ids, loss mask and generation logprobs as they
+    were, and per turn in it the [start, end) positions of its generated tokens."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    generation_logprobs: list[float]
+    turn_spans: list[tuple[int, int]]
 
 
 @dataclass
@@ -35,6 +47,10 @@ class Trajectory:
     token_versions: partial rollouts: the version of the weights that sampled each generated token
         (in order of the loss_mask-1 positions); empty otherwise.
     task_name: in a run over several environments, the name of the one that played it; else None.
+    contexts: the token sequences of earlier turns, closed off each time the environment restarted
+        the conversation (`restart_context`); input_ids / loss_mask / generation_logprobs then hold
+        the current context only, and turn_spans the turns of all contexts, each in its own
+        context's positions. Empty for an episode that is one sequence.
     """
 
     input_ids: list[int]
@@ -62,10 +78,12 @@ class Trajectory:
     policy_version: int | None = None
     token_versions: list[int] = field(default_factory=list)
     task_name: str | None = None
+    contexts: list[ClosedContext] = field(default_factory=list)
 
     @property
     def response_length(self) -> int:
-        return sum(self.loss_mask)
+        """Generated tokens over all the episode's contexts."""
+        return sum(self.loss_mask) + sum(sum(c.loss_mask) for c in self.contexts)
 
     @property
     def num_turns(self) -> int:
@@ -126,6 +144,53 @@ def append_observation(t: Trajectory, extra: list[int], observation: list[Messag
     t.generation_logprobs += [0.0] * len(extra)
     t.observation_tokens += len(extra)
     return True
+
+
+def restart_context(t: Trajectory, prompt_ids: list[int], observation: list[Message], max_seq_len: int) -> bool:
+    """Close off the episode's token sequence so far (`ClosedContext`) and start the next turn's
+    from `prompt_ids` (the observation alone under the chat template, then the response prefix);
+    the observation's messages join `messages` (the whole conversation, for the environment and
+    the transcripts). False (and the episode ends truncated) when the prompt leaves no room."""
+    t.messages.extend(observation)
+    if len(prompt_ids) >= max_seq_len:
+        t.done, t.truncated, t.stop_reason = True, True, "truncated"
+        return False
+    earlier = sum(len(c.turn_spans) for c in t.contexts)
+    t.contexts.append(
+        ClosedContext(t.input_ids, t.loss_mask, t.generation_logprobs, list(t.turn_spans[earlier:]))
+    )
+    t.input_ids = list(prompt_ids)
+    t.loss_mask = [0] * len(prompt_ids)
+    t.generation_logprobs = [0.0] * len(prompt_ids)
+    t.observation_tokens += len(prompt_ids)
+    return True
+
+
+def context_rows(t: Trajectory) -> list[Trajectory]:
+    """The episode as one trajectory per context (closed ones first, in order, then the current one),
+    each with the episode's reward, group, flags and state, its own tokens and its own turns' spans
+    and flags; [t] for an episode without closed contexts."""
+    if not t.contexts:
+        return [t]
+    closed = [(c.input_ids, c.loss_mask, c.generation_logprobs, c.turn_spans) for c in t.contexts]
+    current = t.turn_spans[sum(len(c[3]) for c in closed) :]
+    rows, first = [], 0
+    for ids, mask, lps, spans in [*closed, (t.input_ids, t.loss_mask, t.generation_logprobs, current)]:
+        last = first + len(spans)
+        rows.append(
+            replace(
+                t,
+                input_ids=ids,
+                loss_mask=mask,
+                generation_logprobs=lps,
+                turn_spans=list(spans),
+                turn_invalid_tool_call=t.turn_invalid_tool_call[first:last],
+                turn_malformed_thinking=t.turn_malformed_thinking[first:last],
+                contexts=[],
+            )
+        )
+        first = last
+    return rows
 
 
 def record_turn(

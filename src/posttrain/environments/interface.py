@@ -78,6 +78,11 @@ class EnvStepResult:
         made a tool call that could not be run (unreadable, unknown tool, arguments that do not fit)
         or has a malformed `<think>` block; advantage.invalid_tool_call_advantage /
         malformed_thinking_advantage then set that turn's advantage. Default: False for every sample.
+    new_context: per sample, whether the observation replaces the conversation: the next turn's
+        prompt is the chat template over the observation's messages alone, the episode's earlier
+        turns closed off as a token sequence of their own (`Trajectory.contexts`; GRPO trains each
+        with the episode's advantage). For a game whose observation says everything the player needs
+        (the board), so that every turn is read like the first. Default: False for every sample.
     """
 
     rewards: list[float]
@@ -91,6 +96,7 @@ class EnvStepResult:
     reward_components: list[dict[str, float]] = field(default_factory=list)
     invalid_tool_call: list[bool] = field(default_factory=list)
     malformed_thinking: list[bool] = field(default_factory=list)
+    new_context: list[bool] = field(default_factory=list)
 
     @classmethod
     def final(
@@ -109,6 +115,7 @@ class EnvStepResult:
         self.reward_components = self.reward_components or [{} for _ in range(n)]
         self.invalid_tool_call = self.invalid_tool_call or [False] * n
         self.malformed_thinking = self.malformed_thinking or [False] * n
+        self.new_context = self.new_context or [False] * n
         lengths = {f.name: len(getattr(self, f.name)) for f in dataclasses.fields(self)}
         if len(set(lengths.values())) != 1:
             raise ValueError(
@@ -136,6 +143,7 @@ class EnvStepResult:
             reward_components=[c for x in results for c in x.reward_components],
             invalid_tool_call=[f for x in results for f in x.invalid_tool_call],
             malformed_thinking=[f for x in results for f in x.malformed_thinking],
+            new_context=[f for x in results for f in x.new_context],
         )
 
 

@@ -164,6 +164,11 @@ class SlidingPuzzleEnvironment:
         board_format: how every board is written: "grid" (rows drawn in a frame, `render`) or
             "cells" (one `row r, column c: tile` line per cell, `render_cells`), where reading a cell
             is a lookup of its written coordinates rather than a count along a row.
+        history: show the player the whole conversation (True, the default), or (False) only the
+            current board: after every turn the conversation restarts (`EnvStepResult.new_context`)
+            from the first message written for the board the move left (`instructions`), so every
+            turn is read as the first one is. The game is fully observed: the board is all a
+            player needs. What the last move did (moved, illegal) is then not said.
 
     Metadata (the episode state, passed back to every `step`): "grid", "moves" (turns taken),
     "max_moves". Info per turn: "action" (parsed, or None), "outcome" ("moved", "view",
@@ -189,6 +194,7 @@ class SlidingPuzzleEnvironment:
         goal_board: bool = False,
         relabel_tiles: bool = False,
         board_format: str = "grid",
+        history: bool = True,
     ) -> None:
         if not 2 <= min_size <= max_size:
             raise ValueError(f"need 2 <= min_size <= max_size, got min_size={min_size} max_size={max_size}")
@@ -229,6 +235,7 @@ class SlidingPuzzleEnvironment:
         self.blind_baseline = blind_baseline
         self.goal_board = goal_board
         self.relabel_tiles = relabel_tiles
+        self.history = history
 
     def generate_tasks(self, count: int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
         """`count` puzzles drawn from `seed`: size, an odd shuffle length and the board's own seed.
@@ -326,6 +333,7 @@ class SlidingPuzzleEnvironment:
             metadata=[t[3] for t in turns],
             info=[t[4] for t in turns],
             stop_strings=[STOP_STRINGS] * len(turns),
+            new_context=[not self.history and t[1] is not None for t in turns],
         )
 
     def _turn(
@@ -364,6 +372,9 @@ class SlidingPuzzleEnvironment:
             return 1.0, None, True, new_meta, info
         if done:
             return self.shaped_reward * tiles_in_place(grid), None, True, new_meta, info
+        if not self.history:  # the next turn sees the current board alone, as a first turn does
+            content = instructions(grid, meta.get("labels"), self.goal_board, self.board_format)
+            return 0.0, {"role": "user", "content": content}, False, new_meta, info
         if show_board:
             text += f"\n\n{render_board(grid, meta.get('labels'), self.board_format)}"
         return 0.0, {"role": "user", "content": text}, False, new_meta, info

@@ -103,8 +103,8 @@ def episode_loop(
                 for call, result in calls.finished(block=idle):
                     going_on = _apply_step(call.keys, call.turn_ids, result, trajectories, tokenizer, limits)
                     queue += going_on
-                    for k in call.keys:
-                        if k not in going_on:
+                    for k, restarted in zip(call.keys, result.new_context, strict=True):
+                        if k not in going_on or restarted:  # a restarted context prefills its new prompt
                             kept.pop(k, None)
             results = calls.results()
     finally:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from posttrain.data.tokenize import observation_ids
+from posttrain.data.tokenize import encode_prompt, observation_ids
 from posttrain.data.trajectory import (
     EpisodeLimits,
     Trajectory,
     append_observation,
     cut_observation,
     episode_room,
+    restart_context,
 )
 from posttrain.environments.interface import EnvStepResult, EpisodeStart, observation_messages, task_start
 from posttrain.logging.progress import report
@@ -72,7 +73,8 @@ def apply_step(
     t: Trajectory, result: EnvStepResult, j: int, turn_ids: list[int], tokenizer: Any, limits: EpisodeLimits
 ) -> None:
     """Take sample j of an environment step into trajectory t: reward, state, and either the end of
-    the episode (done, truncated, or out of turns) or the observation's tokens for the next turn."""
+    the episode (done, truncated, or out of turns) or the observation's tokens for the next turn (or, where
+    the environment restarts the conversation, `restart_context`: the observation alone as its prompt)."""
     t.reward += result.rewards[j]
     t.turn_rewards.append(result.rewards[j])
     for name, value in result.reward_components[j].items():
@@ -99,6 +101,9 @@ def apply_step(
         report("episode")  # wherever the episode ran (a worker too), the console's bar advances
         return
     messages = cut_observation(tokenizer, observation_messages(observation), limits.max_observation_tokens)
+    if result.new_context[j]:  # the observation alone is the next turn's prompt
+        restart_context(t, encode_prompt(tokenizer, messages) + t.prefix_ids, messages, limits.max_seq_len)
+        return
     extra = observation_ids(tokenizer, turn_ids, messages) + t.prefix_ids
     if append_observation(t, extra, messages, limits.max_seq_len):
         t.truncated = False  # the turn cut at max_new_tokens is over; the episode goes on

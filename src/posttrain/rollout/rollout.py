@@ -26,8 +26,10 @@ import torch
 from posttrain.data.batching import TokenBatch
 from posttrain.data.tokenize import Message
 from posttrain.data.trajectory import EpisodeLimits, Trajectory, record_turn
+from posttrain.data.trajectory import context_rows as trajectory_rows
 from posttrain.environments.interface import EnvStepResult
 from posttrain.environments.tools import prompt_ids_of, tools_for_template
+from posttrain.errors import UserError
 from posttrain.generation.interface import Generates
 from posttrain.generation.sampling import SamplingParams, turn_seed
 from posttrain.logging.progress import Phase, phase
@@ -250,8 +252,27 @@ def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def context_rows(trajectories: list[Trajectory]) -> tuple[list[Trajectory], torch.Tensor]:
+    """(rows, episode_of [R] long): one row per token sequence of each episode (`trajectory.context_rows`:
+    several for an episode whose environment restarted the conversation, else the episode itself) and
+    the index of each row's episode; rows = trajectories and episode_of = 0..N-1 when none restarted."""
+    rows: list[Trajectory] = []
+    episode_of: list[int] = []
+    for i, t in enumerate(trajectories):
+        these = trajectory_rows(t)
+        rows += these
+        episode_of += [i] * len(these)
+    return rows, torch.tensor(episode_of, dtype=torch.long)
+
+
 def build_rl_batch(trajectories: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> RLBatch:
-    """Right-padded tensors; `loss_mask` marks generated tokens, position 0 never counts."""
+    """Right-padded tensors; `loss_mask` marks generated tokens, position 0 never counts. Each
+    trajectory must be one token sequence (an episode of several: `context_rows` first)."""
+    if any(t.contexts for t in trajectories):
+        raise UserError(
+            "an episode here is several token sequences (its environment restarted the conversation, "
+            "new_context): only GRPO trains on such episodes"
+        )
     length = max(len(t.input_ids) for t in trajectories)
     n = len(trajectories)
     input_ids = torch.full((n, length), pad_id, dtype=torch.long)

@@ -31,7 +31,8 @@ from posttrain.config.loss import AdvantageConfig
 from posttrain.config.rl import GRPOConfig
 from posttrain.data.trajectory import Trajectory
 from posttrain.distributed.actor_group import ActorGroup
-from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, flagged_turn_tokens
+from posttrain.errors import UserError
+from posttrain.rollout.rollout import RLBatch, Rollouts, build_rl_batch, context_rows, flagged_turn_tokens
 from posttrain.trainers.loop import RunResult, run_loop
 from posttrain.trainers.rl.asynchronous import behaviour_ratio_metrics, exactly_on_policy, logprob_gap_metrics
 from posttrain.trainers.rl.batch import (
@@ -84,6 +85,31 @@ def apply_message_penalties(
         "malformed_thinking_rate": sum(sum(t.turn_malformed_thinking) for t in trajectories) / turns,
     }
     return clip_advantages(penalised, adv.clip, low=adv.clip_low, high=adv.clip_high), metrics
+
+
+SPLIT_EPISODE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gdpo")
+"""The advantage estimators that give one advantage per episode from its reward alone: the ones an
+episode of several token sequences (`EnvStepResult.new_context`) can train with."""
+
+
+def check_split_episodes(cfg: GRPOConfig, teacher: bool) -> None:
+    """Raise UserError unless an episode of several token sequences (an environment that restarts the
+    conversation) can train under `cfg`: one advantage per episode from its reward alone
+    (`SPLIT_EPISODE_ESTIMATORS`), no KL in the reward, no teacher."""
+    adv = cfg.advantage
+    problems = []
+    if adv.estimator not in SPLIT_EPISODE_ESTIMATORS:
+        problems.append(f"advantage.estimator={adv.estimator!r} (use one of {SPLIT_EPISODE_ESTIMATORS})")
+    if cfg.loss.kl_in_reward and cfg.loss.kl_beta > 0:
+        problems.append("loss.kl_in_reward=true (a KL penalty in the loss, the default, works)")
+    if teacher:
+        problems.append("a teacher")
+    if problems:
+        raise UserError(
+            "the environment restarts the conversation during an episode (new_context), so an episode is "
+            "several token sequences trained with one advantage per episode; that does not work with "
+            + ", ".join(problems)
+        )
 
 
 class GRPOTrainer(RLAlgorithm):
@@ -153,10 +179,18 @@ class GRPOTrainer(RLAlgorithm):
         """The training batch, built once: first the logprobs the advantages need (π_ref and π_old
         for loss.kl_in_reward, the teacher's and the student's for on_policy_distill; π_old is the
         trainer's when the batch gets several updates, else the sampler's: the same distribution), the
-        KL and the advantages; then the loss mask (unscored and lone samples out, the overlong filter)."""
+        KL and the advantages; then the loss mask (unscored and lone samples out, the overlong filter).
+
+        An episode whose environment restarted the conversation (`EnvStepResult.new_context`) is
+        several token sequences: each is a row of the batch with its episode's advantage, the
+        advantages computed over episodes (`context_rows`, `check_split_episodes`)."""
         cfg, loss = self.cfg, self.cfg.loss
+        rows, episode_of = context_rows(rollouts.trajectories)
+        split = len(rows) != len(rollouts.trajectories)
+        if split:
+            check_split_episodes(cfg, self.teacher is not None)
         rewards = shaped_rewards(cfg, rollouts)
-        tokens = build_rl_batch(rollouts.trajectories, None, self.tokenizer.pad_token_id)
+        tokens = build_rl_batch(rows, None, self.tokenizer.pad_token_id)
         metrics: dict[str, float] = {}
         kl = teacher_lp = student_lp = None
         kl_reward = loss.kl_in_reward and loss.kl_beta > 0
@@ -177,20 +211,20 @@ class GRPOTrainer(RLAlgorithm):
             metrics.update(component_reward_metrics(*components, rollouts.scored))
         names, matrix = components if components is not None else ((), None)
         inputs = AdvantageInputs(
-            rewards, rollouts.group_ids, mask=tokens.loss_mask, scored=rollouts.scored, kl=kl,
-            kl_beta=loss.kl_beta, teacher_logprobs=teacher_lp, student_logprobs=student_lp,
+            rewards, rollouts.group_ids, mask=None if split else tokens.loss_mask, scored=rollouts.scored,
+            kl=kl, kl_beta=loss.kl_beta, teacher_logprobs=teacher_lp, student_logprobs=student_lp,
             components=matrix, component_names=tuple(names),
         )  # fmt: skip
-        advantages = estimate_advantages(cfg.advantage, inputs)
+        advantages = estimate_advantages(cfg.advantage, inputs)[episode_of]
         advantages, penalty_metrics = apply_message_penalties(
-            cfg.advantage, advantages, tokens.loss_mask, rollouts.trajectories
+            cfg.advantage, advantages, tokens.loss_mask, rows
         )
         metrics.update(penalty_metrics)
         mask = tokens.loss_mask
         if cfg.advantage.estimator != "on_policy_distill":  # the teacher's signal needs no group
-            mask = mask * trainable_samples(rollouts.group_ids, rollouts.scored).float()[:, None]
+            mask = mask * trainable_samples(rollouts.group_ids, rollouts.scored)[episode_of].float()[:, None]
         if cfg.dapo.overlong_filter:
-            mask = mask * overlong_filter_mask(rollouts.truncated).float()[:, None]
+            mask = mask * overlong_filter_mask(rollouts.truncated)[episode_of].float()[:, None]
         batch = dataclasses.replace(tokens, advantages=advantages, loss_mask=mask)
         metrics.update(scored_reward_metrics(rewards, rollouts.scored))
         metrics.update(batch_stats(rollouts, mask, batch.generation_logprobs))
