@@ -19,6 +19,9 @@ brings the tile closer to home, then `<action>...</action>` with the first move 
     ENV='{"min_size": 3, "max_size": 3, "max_shuffle_moves": 41, "max_moves": 6, "redraw_board": true}'
     python examples/sliding_puzzle_transcripts.py data/sliding_puzzle_checked_sft.jsonl --count 4000 --checked --env "$ENV"
 
+With `"history": false` in `--env` (the player sees only the current board each turn) every turn is
+a row of its own, `[first message for the board, reply]`: what each turn of such an episode sees.
+
 `--env` takes the environment's keyword arguments: give the GRPO recipe's `redraw_board` (the
 observations depend on it) and the board sizes and shuffles to learn from; `max_moves` (default 50)
 only has to be long enough for the shuffles. The assistant turns are the same with or without
@@ -36,6 +39,7 @@ from posttrain.environments.sliding_puzzle import (
     SlidingPuzzleEnvironment,
     checked_transcript,
     oracle_transcript,
+    turn_contexts,
 )
 
 
@@ -52,11 +56,14 @@ def write_transcripts(
     """Write `count` transcripts of puzzles of `split` drawn from `seed`; returns the number of moves.
     Held-out boards are hidden (`oracle_transcript`'s hide_heldout) in training transcripts unless
     `show_heldout` (with `hide_within`, only held-out boards within that many moves of solved). With
-    `checked`, the player that writes its check (`checked_transcript`)."""
+    `checked`, the player that writes its check (`checked_transcript`). Without history, one row
+    per turn (`turn_contexts`)."""
     play = checked_transcript if checked else oracle_transcript
+    hide = split == "train" and not show_heldout
     rows = [
-        (play(env, task, hide_heldout=split == "train" and not show_heldout, hide_within=hide_within), task)
+        (context, task)
         for task in env.generate_tasks(count, seed, split=split)
+        for context in turn_contexts(env, play(env, task, hide_heldout=hide, hide_within=hide_within))
     ]
     write_rows(out, rows)
     return sum(m["role"] == "assistant" for messages, _ in rows for m in messages)
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     moves = write_transcripts(
         args.out, env, args.count, args.seed, args.split, args.show_heldout, args.checked, args.hide_within
     )
-    print(f"wrote {args.count} transcripts ({moves} moves) to {args.out}")
+    print(f"wrote {args.count} puzzles ({moves} moves) to {args.out}")
 
 
 if __name__ == "__main__":

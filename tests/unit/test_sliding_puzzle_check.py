@@ -239,6 +239,55 @@ def test_the_script_writes_checked_rows(tmp_path: Path) -> None:
     assert [r["task"] for r in rows] == env.generate_tasks(10, 3, split="train")
 
 
+def test_without_history_the_script_writes_one_row_per_turn_as_the_episode_sees_it(
+    tmp_path: Path, tokenizer
+) -> None:
+    """With history=false every turn of an episode is its own token sequence, the first message for
+    its board then the reply; the script writes each turn as such a row, SFT's tokens are then the
+    GRPO context's (plus the end-of-turn marker), and no row shows a held-out board."""
+    from posttrain.data.tokenize import encode_prompt, tokenize_conversation
+    from posttrain.environments.sliding_puzzle import instructions, turn_contexts
+
+    kwargs = {
+        **ENV,
+        "max_shuffle_moves": 21,
+        "redraw_board": False,
+        "board_format": "cells",
+        "history": False,
+    }
+    script = runpy.run_path(str(SCRIPT), run_name="sliding_puzzle_transcripts")
+    out = tmp_path / "turns.jsonl"
+    script["main"]([str(out), "--count", "12", "--seed", "3", "--checked", "--env", json.dumps(kwargs)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    env = SlidingPuzzleEnvironment(**kwargs)
+    tasks = env.generate_tasks(12, 3, split="train")
+    expected = [c for task in tasks for c in turn_contexts(env, checked_transcript(env, task))]
+    assert [r["messages"] for r in rows] == expected and len(rows) > len(tasks)  # several turns a puzzle
+    boards = [
+        g
+        for task in tasks
+        for g in _boards_of(env, task)[: len(turn_contexts(env, checked_transcript(env, task)))]
+    ]
+    for row, grid in zip(rows, boards, strict=True):
+        prompt, answer = row["messages"]
+        assert prompt == {"role": "user", "content": instructions(grid, board_format="cells")}
+        assert answer["content"].startswith(written_check(grid, cells=True) + "\n")
+        assert not is_heldout(grid)
+        sft = tokenize_conversation(tokenizer, row["messages"])
+        reply = tokenizer(answer["content"], add_special_tokens=False)["input_ids"]
+        context = encode_prompt(tokenizer, [prompt]) + reply
+        assert sft.input_ids[: len(context)] == context
+        assert tokenizer.decode(sft.input_ids[len(context) :]) == "<|im_end|>\n"
+
+
+def _boards_of(env: SlidingPuzzleEnvironment, task: dict) -> list:
+    """The boards the checked player is shown from the task's board on, turn by turn."""
+    boards = [task_grid(task)]
+    for _ in range(env.max_moves - 1):
+        boards.append(apply_action(boards[-1], greedy_move(boards[-1]))[0])
+    return boards
+
+
 @pytest.mark.parametrize("board_format", ["grid", "cells"])
 def test_the_check_report_reads_both_board_formats(board_format: str) -> None:
     """examples/sliding_puzzle_check_report.py on eval samples made of checked transcripts: every share

@@ -482,6 +482,16 @@ def checked_transcript(
     )
 
 
+def turn_contexts(env: SlidingPuzzleEnvironment, messages: list[Message]) -> list[list[Message]]:
+    """A transcript (`oracle_transcript`, `checked_transcript`) as what each of its turns saw: the
+    whole conversation with history, else (`history=False`: every observation restarts the
+    conversation) one [first message for the board, reply] per turn, the token sequences of the
+    same GRPO episode."""
+    if env.history:
+        return [messages]
+    return [messages[i : i + 2] for i in range(0, len(messages), 2)]
+
+
 def _play(
     env: SlidingPuzzleEnvironment,
     task: dict[str, Any],
@@ -498,7 +508,7 @@ def _play(
     messages, meta = list(start.messages), start.metadata
     if hide_heldout and hidden_from_training(meta["grid"], hide_within):
         raise ValueError(f"task {task} starts from a held-out board")
-    hide_boards = hide_heldout and env.redraw_board
+    hide_boards = hide_heldout and (env.redraw_board or not env.history)  # is every board drawn
     while True:
         messages.append({"role": "assistant", "content": reply(meta["grid"], hide_boards)})
         result = env.step([messages], [meta])
