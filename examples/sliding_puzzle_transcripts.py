@@ -20,7 +20,12 @@ brings the tile closer to home, then `<action>...</action>` with the first move 
     python examples/sliding_puzzle_transcripts.py data/sliding_puzzle_checked_sft.jsonl --count 4000 --checked --env "$ENV"
 
 With `"history": false` in `--env` (the player sees only the current board each turn) every turn is
-a row of its own, `[first message for the board, reply]`: what each turn of such an episode sees.
+a row of its own, `[first message for the board, reply]`: what each turn of such an episode sees;
+`--distinct-boards` keeps one row per board (the transcripts revisit the boards near solved often):
+
+    ENV='{"min_size": 3, "max_size": 3, "max_shuffle_moves": 41, "max_moves": 6, "board_format": "cells", "history": false}'
+    python examples/sliding_puzzle_transcripts.py data/sliding_puzzle_turns_sft.jsonl --count 8000 --checked \
+        --hide-within 11 --distinct-boards --env "$ENV"
 
 `--env` takes the environment's keyword arguments: give the GRPO recipe's `redraw_board` (the
 observations depend on it) and the board sizes and shuffles to learn from; `max_moves` (default 50)
@@ -52,12 +57,13 @@ def write_transcripts(
     show_heldout: bool = False,
     checked: bool = False,
     hide_within: int | None = None,
+    distinct_boards: bool = False,
 ) -> int:
     """Write `count` transcripts of puzzles of `split` drawn from `seed`; returns the number of moves.
     Held-out boards are hidden (`oracle_transcript`'s hide_heldout) in training transcripts unless
     `show_heldout` (with `hide_within`, only held-out boards within that many moves of solved). With
     `checked`, the player that writes its check (`checked_transcript`). Without history, one row
-    per turn (`turn_contexts`)."""
+    per turn (`turn_contexts`), with `distinct_boards` only the first row of each board."""
     play = checked_transcript if checked else oracle_transcript
     hide = split == "train" and not show_heldout
     rows = [
@@ -65,6 +71,12 @@ def write_transcripts(
         for task in env.generate_tasks(count, seed, split=split)
         for context in turn_contexts(env, play(env, task, hide_heldout=hide, hide_within=hide_within))
     ]
+    if distinct_boards:
+        if env.history:
+            raise ValueError("--distinct-boards needs an environment without history (one row per turn)")
+        rows = list({context[0]["content"]: (context, task) for context, task in reversed(rows)}.values())[
+            ::-1
+        ]
     write_rows(out, rows)
     return sum(m["role"] == "assistant" for messages, _ in rows for m in messages)
 
@@ -91,12 +103,18 @@ def main(argv: list[str] | None = None) -> None:
         help="hide only the held-out boards within N moves of solved (default: every held-out board); "
         "N >= the evaluation's shuffle + its moves hides every board a held-out episode can show",
     )
+    parser.add_argument(
+        "--distinct-boards",
+        action="store_true",
+        help="without history (one row per turn): keep only the first row of each board",
+    )
     args = parser.parse_args(argv)
     env = SlidingPuzzleEnvironment(**json.loads(args.env))
     moves = write_transcripts(
-        args.out, env, args.count, args.seed, args.split, args.show_heldout, args.checked, args.hide_within
-    )
-    print(f"wrote {args.count} puzzles ({moves} moves) to {args.out}")
+        args.out, env, args.count, args.seed, args.split, args.show_heldout, args.checked, args.hide_within,
+        args.distinct_boards,
+    )  # fmt: skip
+    print(f"wrote {moves} moves of {args.count} puzzles to {args.out}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ metrics run end to end; the learning curves are measured in the docs, not here."
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -373,6 +374,29 @@ def test_sliding_puzzle_cells_recipe(tiny_model_dir: Path, tmp_path: Path) -> No
     assert all("Board:\nrow 1, column 1: " in s["prompt"] for s in samples)
     shares = report(samples)  # a one-step tiny model writes no check: every line wrong
     assert shares["turns"] >= 2 and shares["all_lines"] == 0.0
+
+
+def test_sliding_puzzle_turns_recipe(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """sft_sliding_puzzle_turns.yaml for one step on one row per turn (the script with the environment
+    of the recipe's header: history false), GRPO from it (grpo_sliding_puzzle_3x3_turns.yaml: every
+    turn its own token sequence), then eval_sliding_puzzle_3x3_turns.yaml: every turn's prompt is the
+    first message written for its board."""
+    train, held = checked_transcripts("sft_sliding_puzzle_turns.yaml", tmp_path)
+    rows = [json.loads(line)["messages"] for line in train.read_text().splitlines()]
+    assert len(rows) > 8 and all([m["role"] for m in r] == ["user", "assistant"] for r in rows)
+    assert all(r[0]["content"].startswith("Let's play the sliding puzzle") for r in rows)
+    sft_dir, grpo_dir, out = tmp_path / "sft", tmp_path / "grpo", tmp_path / "eval"
+    sft_one_step("sft_sliding_puzzle_turns.yaml", tiny_model_dir, train, held, sft_dir)
+    grpo_puzzle_one_step("grpo_sliding_puzzle_3x3_turns.yaml", sft_dir, grpo_dir)
+    metrics = [json.loads(line) for line in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
+    [step] = [r for r in metrics if "pg_loss" in r]
+    assert step["episode/turns_mean"] > 1 and math.isfinite(step["pg_loss"])  # several sequences an episode
+    assert eval_two_boards("eval_sliding_puzzle_3x3_turns.yaml", sft_dir, out)["num_problems"] == 2
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    observations = [m["content"] for s in samples for m in s["messages"] or [] if m["role"] == "user"]
+    assert observations and all(
+        o.startswith("Let's play the sliding puzzle on a 3x3 board.") for o in observations
+    )
 
 
 def test_calculator_without_an_example_recipes_chain(tiny_model_dir: Path, tmp_path: Path) -> None:
