@@ -2,7 +2,7 @@
 
 import pytest
 
-from posttrain.data.trajectory import Trajectory
+from posttrain.data.trajectory import ClosedContext, Trajectory
 from posttrain.rollout.replay_buffer import ReplayBuffer, RolloutGroup
 
 
@@ -10,7 +10,8 @@ def _group(version: int, batch: int, gid: int = 0) -> RolloutGroup:
     t = Trajectory(
         [1, 2, 3], [0, 1, 1], [0.0, -0.5, -1.25], [{"role": "user", "content": "q"}], {"a": 1}, gid
     )
-    t.turn_spans, t.stop_strings, t.policy_version = [(1, 3)], ("</s>",), version
+    t.turn_spans, t.stop_strings, t.policy_version = [(1, 2), (1, 3)], ("</s>",), version
+    t.contexts = [ClosedContext([1, 2], [0, 1], [0.0, -0.25], [(1, 2)])]  # a turn of its own sequence
     return RolloutGroup([t], version, batch, {"env/accuracy": 0.5})
 
 

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.data.trajectory import Trajectory
+from posttrain.data.trajectory import ClosedContext, Trajectory
 
 
 @dataclass
@@ -128,4 +128,8 @@ def _trajectory(fields: dict[str, Any]) -> Trajectory:
     fields = dict(fields)
     fields["turn_spans"] = [tuple(span) for span in fields.get("turn_spans", [])]
     fields["stop_strings"] = tuple(fields.get("stop_strings", ()))
+    fields["contexts"] = [
+        ClosedContext(**{**c, "turn_spans": [tuple(span) for span in c["turn_spans"]]})
+        for c in fields.get("contexts", [])
+    ]
     return Trajectory(**fields)
