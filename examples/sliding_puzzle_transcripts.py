@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         args.out, env, args.count, args.seed, args.split, args.show_heldout, args.checked, args.hide_within,
         args.distinct_boards,
     )  # fmt: skip
-    print(f"wrote {moves} moves of {args.count} puzzles to {args.out}")
+    rows = sum(1 for _ in args.out.open())
+    print(f"wrote {rows} transcripts ({moves} moves) of {args.count} puzzles to {args.out}")
 
 
 if __name__ == "__main__":

@@ -239,6 +239,7 @@ def test_the_script_writes_checked_rows(tmp_path: Path) -> None:
     assert [r["task"] for r in rows] == env.generate_tasks(10, 3, split="train")
 
 
+@pytest.mark.slow  # the SmolLM2 tokenizer
 def test_without_history_the_script_writes_one_row_per_turn_as_the_episode_sees_it(
     tmp_path: Path, tokenizer
 ) -> None:

@@ -126,7 +126,7 @@ def test_the_script_writes_sft_rows(tmp_path: Path, capsys: pytest.CaptureFixtur
     }
     script["main"]([str(out), "--count", "12", "--seed", "3", "--env", json.dumps(kwargs)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 12 and "wrote 12 transcripts" in capsys.readouterr().out
+    assert len(rows) == 12 and "wrote 12 transcripts (" in capsys.readouterr().out
     env = SlidingPuzzleEnvironment(**kwargs)
     assert [r["task"] for r in rows] == env.generate_tasks(12, 3, split="train")
     for row in rows:
