@@ -36,6 +36,9 @@ Around the game (docs/environments.md#sliding-puzzle-on-3x3-boards):
   the first move that does (`greedy_move`): a procedure to learn in place of a lookup of boards.
 - **Board formats** (`board_format`): a board drawn as a grid (`render`) or written one line per cell,
   `row r, column c: tile` (`render_cells`), where a cell is found by its written coordinates.
+- **The current board only** (`history=False`): every turn restarts the conversation from the first
+  message written for the current board (`EnvStepResult.new_context`); `turn_contexts` cuts a
+  transcript into the rows such an episode's turns see.
 """
 
 from __future__ import annotations
