@@ -58,8 +58,8 @@ def write_transcripts(
     checked: bool = False,
     hide_within: int | None = None,
     distinct_boards: bool = False,
-) -> int:
-    """Write `count` transcripts of puzzles of `split` drawn from `seed`; returns the number of moves.
+) -> tuple[int, int]:
+    """Write `count` transcripts of puzzles of `split` drawn from `seed`; returns (rows, moves).
     Held-out boards are hidden (`oracle_transcript`'s hide_heldout) in training transcripts unless
     `show_heldout` (with `hide_within`, only held-out boards within that many moves of solved). With
     `checked`, the player that writes its check (`checked_transcript`). Without history, one row
@@ -74,11 +74,12 @@ def write_transcripts(
     if distinct_boards:
         if env.history:
             raise ValueError("--distinct-boards needs an environment without history (one row per turn)")
-        rows = list({context[0]["content"]: (context, task) for context, task in reversed(rows)}.values())[
-            ::-1
-        ]
-    write_rows(out, rows)
-    return sum(m["role"] == "assistant" for messages, _ in rows for m in messages)
+        first_of_board = {}
+        for context, task in rows:
+            first_of_board.setdefault(context[0]["content"], (context, task))
+        rows = list(first_of_board.values())
+    written = write_rows(out, rows)
+    return written, sum(m["role"] == "assistant" for messages, _ in rows for m in messages)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,11 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     env = SlidingPuzzleEnvironment(**json.loads(args.env))
-    moves = write_transcripts(
+    rows, moves = write_transcripts(
         args.out, env, args.count, args.seed, args.split, args.show_heldout, args.checked, args.hide_within,
         args.distinct_boards,
     )  # fmt: skip
-    rows = sum(1 for _ in args.out.open())
     print(f"wrote {rows} transcripts ({moves} moves) of {args.count} puzzles to {args.out}")
 
 

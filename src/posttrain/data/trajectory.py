@@ -166,7 +166,7 @@ def restart_context(t: Trajectory, prompt_ids: list[int], observation: list[Mess
     return True
 
 
-def context_rows(t: Trajectory) -> list[Trajectory]:
+def split_contexts(t: Trajectory) -> list[Trajectory]:
     """The episode as one trajectory per context (closed ones first, in order, then the current one),
     each with the episode's reward, group, flags and state, its own tokens and its own turns' spans
     and flags; [t] for an episode without closed contexts."""

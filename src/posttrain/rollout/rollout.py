@@ -25,8 +25,7 @@ import torch
 
 from posttrain.data.batching import TokenBatch
 from posttrain.data.tokenize import Message
-from posttrain.data.trajectory import EpisodeLimits, Trajectory, record_turn
-from posttrain.data.trajectory import context_rows as trajectory_rows
+from posttrain.data.trajectory import EpisodeLimits, Trajectory, record_turn, split_contexts
 from posttrain.environments.interface import EnvStepResult
 from posttrain.environments.tools import prompt_ids_of, tools_for_template
 from posttrain.errors import UserError
@@ -253,13 +252,13 @@ def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
 
 
 def context_rows(trajectories: list[Trajectory]) -> tuple[list[Trajectory], torch.Tensor]:
-    """(rows, episode_of [R] long): one row per token sequence of each episode (`trajectory.context_rows`:
+    """(rows, episode_of [R] long): one row per token sequence of each episode (`split_contexts`:
     several for an episode whose environment restarted the conversation, else the episode itself) and
     the index of each row's episode; rows = trajectories and episode_of = 0..N-1 when none restarted."""
     rows: list[Trajectory] = []
     episode_of: list[int] = []
     for i, t in enumerate(trajectories):
-        these = trajectory_rows(t)
+        these = split_contexts(t)
         rows += these
         episode_of += [i] * len(these)
     return rows, torch.tensor(episode_of, dtype=torch.long)
