@@ -146,7 +146,9 @@ def append_observation(t: Trajectory, extra: list[int], observation: list[Messag
     return True
 
 
-def restart_context(t: Trajectory, prompt_ids: list[int], observation: list[Message], max_seq_len: int) -> bool:
+def restart_context(
+    t: Trajectory, prompt_ids: list[int], observation: list[Message], max_seq_len: int
+) -> bool:
     """Close off the episode's token sequence so far (`ClosedContext`) and start the next turn's
     from `prompt_ids` (the observation alone under the chat template, then the response prefix);
     the observation's messages join `messages` (the whole conversation, for the environment and
