@@ -71,6 +71,30 @@ def test_eval_a_checkpoint_through_the_cli(tiny_model_dir, tmp_path, capsys):
     assert summary["samples_per_prompt"] == 3 and 0 <= summary["cons@3"] <= 1
 
 
+def test_a_checkpoint_evaluates_in_the_dtype_its_run_computed_in(tiny_model_dir, tmp_path):
+    """dtype=auto: a checkpoint of a bf16-compute run evaluates in bfloat16 (its fp32 master weights are
+    not the function the run trained), an HF folder in float32; dtype=float32 on that checkpoint warns."""
+    from conftest import sft_overrides, write_sft_jsonl
+
+    from posttrain.config.common import ConfigWarning
+    from posttrain.config.supervised import SFTConfig
+    from posttrain.trainers.sft import run_sft
+
+    sft_data = write_sft_jsonl(tmp_path / "sft.jsonl", n=8)
+    extra = {"sft.max_steps": 1, "policy.dtype": "bfloat16"}
+    run_sft(load_config(SFTConfig, None, sft_overrides(tiny_model_dir, sft_data, tmp_path / "run", **extra)))
+    data = _problems(tmp_path / "problems.jsonl", n=2)
+
+    def evaluate(model, out, **extra):
+        cfg = load_config(EvalConfig, None, _overrides(model, data, tmp_path / out, **extra))
+        return run_eval(cfg).summary["dtype"]
+
+    assert evaluate(tmp_path / "run", "auto") == "bfloat16"
+    assert evaluate(tiny_model_dir, "folder") == "float32"
+    with pytest.warns(ConfigWarning, match="fp32 master weights"):
+        assert evaluate(tmp_path / "run", "fp32", dtype="float32") == "float32"
+
+
 def test_an_eval_whose_verifier_fails_is_an_error_not_zero_accuracy(tiny_model_dir, tmp_path):
     """A reward function that raises scores every episode 0; the eval writes its samples (each with
     its error) and then stops with an error naming the environment, instead of reporting 0% accuracy.

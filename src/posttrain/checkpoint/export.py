@@ -41,6 +41,8 @@ class ModelSource:
     model: str
     tokenizer: str
     checkpoint: Path | None = None
+    # the dtype the checkpoint's run computed in (policy.dtype; its weights are the fp32 master weights)
+    compute_dtype: str | None = None
 
 
 def find_checkpoint(path: str | Path) -> Path | None:
@@ -91,7 +93,7 @@ def resolve_model_source(name: str, tokenizer_name: str | None = None) -> ModelS
     check_full_state(checkpoint)
     if tokenizer is None:
         tokenizer = str(model_dir) if _has_tokenizer(model_dir) else _tokenizer_from_run_config(checkpoint)
-    return ModelSource(str(model_dir), tokenizer, checkpoint)
+    return ModelSource(str(model_dir), tokenizer, checkpoint, checkpoint_compute_dtype(checkpoint))
 
 
 def check_full_state(checkpoint: Path) -> None:
@@ -112,7 +114,7 @@ def _format(checkpoint: Path) -> dict[str, Any]:
     return json.loads(fmt_file.read_text()) if fmt_file.is_file() else {}
 
 
-def _compute_dtype(checkpoint: Path) -> str | None:
+def checkpoint_compute_dtype(checkpoint: Path) -> str | None:
     """The dtype the run that wrote `checkpoint` computed in (`policy.dtype`), if format.json records it."""
     return _format(checkpoint).get("compute_dtype")
 
@@ -173,7 +175,7 @@ def export_checkpoint(
             f"{checkpoint} is not a posttrain checkpoint (a step_* folder with {COMPLETE} and model/) "
             "nor a run directory that holds one"
         )
-    dtype = dtype or _compute_dtype(source.checkpoint)
+    dtype = dtype or source.compute_dtype
     model = load_causal_lm(source.model, DTYPES[dtype] if dtype else "auto")
     return _write_export(out, source.checkpoint, source.tokenizer, max_shard_size, model=model)
 
@@ -218,7 +220,7 @@ def _export_lora(
     else:
         base_model = load_causal_lm(base, MASTER_DTYPE)
     merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
-    dtype = dtype or _compute_dtype(checkpoint) or "float32"
+    dtype = dtype or checkpoint_compute_dtype(checkpoint) or "float32"
     return _write_export(out, checkpoint, tokenizer, max_shard_size, model=merged.to(DTYPES[dtype]))
 
 

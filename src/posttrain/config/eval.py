@@ -45,7 +45,14 @@ class EvalConfig(Strict):
         None,
         description="As policy.chat_template: a Jinja string, a .jinja file or `plain`; null: the tokenizer's.",
     )
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="The weights and compute of the evaluated model. auto: a posttrain checkpoint's "
+        "compute dtype (the policy.dtype its run trained and sampled in), float32 for any other model. A "
+        "checkpoint holds fp32 master weights; under bf16 compute an update smaller than bf16's rounding "
+        "step moves them without moving the function the run trained, so in float32 they can play "
+        "differently from the policy the run validated.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
     max_seq_len: int = Field(
         2048, gt=1, description="Longest episode in tokens: prompt, every turn and every observation."

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.algorithms.metrics import cons_at_k, pass_at_k
-from posttrain.checkpoint.export import resolve_model_source
+from posttrain.checkpoint.export import ModelSource, resolve_model_source
+from posttrain.config.common import config_warning
 from posttrain.config.eval import EvalConfig
 from posttrain.config.rollout import episode_token_budget
 from posttrain.data.tokenize import TokenizedExample
@@ -144,6 +145,21 @@ def write_outputs(out_dir: Path, summary: dict[str, Any], samples: list[dict[str
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def eval_dtype(requested: str, source: ModelSource) -> str:
+    """The dtype to evaluate `source` in: `requested`, or for `auto` the compute dtype of the run that
+    wrote a posttrain checkpoint (float32 for any other model). Warns when float32 is asked of a
+    checkpoint whose run computed in bfloat16: its fp32 master weights are not the function it trained."""
+    if requested == "auto":
+        return source.compute_dtype or "float32"
+    if requested == "float32" and source.compute_dtype == "bfloat16":
+        config_warning(
+            f"dtype=float32 evaluates the fp32 master weights of {source.checkpoint}, whose run trained and "
+            "sampled in bfloat16; updates below bf16's rounding step moved them without moving the "
+            "policy it validated (dtype=auto evaluates that policy)"
+        )
+    return requested
+
+
 def run_eval(cfg: EvalConfig) -> EvalResult:
     source = resolve_model_source(cfg.model, cfg.tokenizer_name)  # a missing model: no output dir
     out_dir = prepare_run_dir(cfg.output_dir, "eval", cfg)
@@ -151,7 +167,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
     tokenizer = load_tokenizer(source.tokenizer, cfg.chat_template)
     require_chat_template(tokenizer, source.tokenizer, cfg.chat_template, "chat_template")
     if cfg.metric == "loss":
-        return run_loss_eval(cfg, source.model, tokenizer, out_dir)
+        return run_loss_eval(cfg, source, tokenizer, out_dir)
     env_cfg = cfg.environment
     tasks = load_tasks(
         cfg.data.dataset,
@@ -163,6 +179,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
         max_prompt_len=cfg.data.max_prompt_len,
     )
     max_seq_len = model_max_len(source.model, cfg.max_seq_len)
+    dtype = eval_dtype(cfg.dtype, source)
     with EnvironmentGroup(env_cfg.name, env_cfg.kwargs, backend="local") as env:
         n = cfg.sampling.samples_per_prompt
         params = sampling_params(cfg.generation, cfg.sampling.seed, environment=env_cfg)
@@ -170,7 +187,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
             source.model,
             tokenizer,
             backend=cfg.generation.backend,
-            dtype=cfg.dtype,
+            dtype=dtype,
             device=cfg.device,
             vllm=cfg.generation.vllm,
             max_model_len=max_seq_len,
@@ -201,6 +218,7 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
     summary: dict[str, Any] = {
         "model": cfg.model,
         "checkpoint": str(source.checkpoint) if source.checkpoint else None,
+        "dtype": dtype,
         "num_problems": len(tasks),
         "samples_per_prompt": n,
         "temperature": cfg.generation.temperature,
@@ -246,7 +264,7 @@ def heldout_nll(model: Any, examples: list[TokenizedExample], batch_size: int) -
     return out
 
 
-def run_loss_eval(cfg: EvalConfig, model_dir: str, tokenizer: Any, out_dir: Path) -> EvalResult:
+def run_loss_eval(cfg: EvalConfig, source: ModelSource, tokenizer: Any, out_dir: Path) -> EvalResult:
     """metric=loss: the held-out loss of SFT rows. loss = sum of NLL over every assistant token of the
     set / their count (one token mean, as `posttrain sft`'s val/loss); perplexity = exp(loss).
     Writes summary.json and samples.jsonl (one row per sequence: its NLL sum and token count)."""
@@ -259,13 +277,15 @@ def run_loss_eval(cfg: EvalConfig, model_dir: str, tokenizer: Any, out_dir: Path
 
     data = build_sft_dataset(cfg.data.dataset, tokenizer, max_seq_len=cfg.max_seq_len)
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-    model = load_causal_lm(model_dir, DTYPES[cfg.dtype]).to(device)
+    dtype = eval_dtype(cfg.dtype, source)
+    model = load_causal_lm(source.model, DTYPES[dtype]).to(device)
     rows = heldout_nll(model, data.examples, cfg.generation.batch_size)
     tokens = sum(c for _, c in rows)
     loss = sum(n for n, _ in rows) / tokens
     summary: dict[str, Any] = {
         "model": cfg.model,
         "metric": "loss",
+        "dtype": dtype,
         "loss": loss,
         "perplexity": math.exp(loss),
         "num_sequences": len(rows),
