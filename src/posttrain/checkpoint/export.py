@@ -119,6 +119,20 @@ def checkpoint_compute_dtype(checkpoint: Path) -> str | None:
     return _format(checkpoint).get("compute_dtype")
 
 
+def weights_dtype(requested: str, model_path: str) -> str:
+    """The dtype to load and run the weights in `model_path` in: `requested`, or for `auto` the compute
+    dtype of the run whose checkpoint holds them (`model_path` is a checkpoint's model/ folder), float32
+    for any other model. A checkpoint holds fp32 master weights; under bf16 compute an update smaller
+    than bf16's rounding step moves them without moving the function the run trained, so the policy a
+    bf16 run trained and validated is its checkpoint in bf16."""
+    if requested != "auto":
+        return requested
+    folder = Path(model_path).expanduser()
+    if folder.name == "model" and (folder.parent / FORMAT_FILE).is_file():
+        return checkpoint_compute_dtype(folder.parent) or "float32"
+    return "float32"
+
+
 def _generation_config(model: Any, tokenizer: Any) -> Any:
     """The model's generation config with the tokenizer's EOS and pad ids added."""
     gen = model.generation_config

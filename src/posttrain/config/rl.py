@@ -150,7 +150,12 @@ class TeacherConfig(Strict):
     )
     num_workers: int = Field(1, gt=0, description="Teacher workers (split placement).")
     cpus_per_worker: int = Field(1, gt=0, description="CPU cores per teacher worker (split placement).")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="The teacher's weights and compute.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="The teacher's weights and compute; auto: a posttrain checkpoint's compute dtype (the "
+        "policy.dtype its run trained in: a bf16 run's fp32 master weights are not the policy it trained), "
+        "float32 for any other model.",
+    )
     batch_size: int = Field(16, gt=0, description="Sequences per teacher forward.")
     chunk_size: int = Field(
         2048, gt=0, description="Positions whose full-vocabulary logits exist at once in the teacher."

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posttrain.checkpoint.export import resolve_model_source
+from posttrain.checkpoint.export import resolve_model_source, weights_dtype
 from posttrain.config.common import ClusterConfig
 from posttrain.config.rl import TeacherConfig
 from posttrain.data.batching import TokenBatch
@@ -35,7 +35,7 @@ def teacher_worker_kwargs(cfg: TeacherConfig, *, model_path: str, vocab_size: in
     """`Teacher` constructor arguments from the config (without device and threads)."""
     return dict(
         model_path=model_path,
-        dtype=cfg.dtype,
+        dtype=weights_dtype(cfg.dtype, model_path),
         batch_size=cfg.batch_size,
         chunk_size=cfg.chunk_size,
         packed=cfg.packed_sequences,

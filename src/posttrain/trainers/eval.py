@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.algorithms.metrics import cons_at_k, pass_at_k
-from posttrain.checkpoint.export import ModelSource, resolve_model_source
+from posttrain.checkpoint.export import ModelSource, resolve_model_source, weights_dtype
 from posttrain.config.common import config_warning
 from posttrain.config.eval import EvalConfig
 from posttrain.config.rollout import episode_token_budget
@@ -146,18 +146,15 @@ def write_outputs(out_dir: Path, summary: dict[str, Any], samples: list[dict[str
 
 
 def eval_dtype(requested: str, source: ModelSource) -> str:
-    """The dtype to evaluate `source` in: `requested`, or for `auto` the compute dtype of the run that
-    wrote a posttrain checkpoint (float32 for any other model). Warns when float32 is asked of a
-    checkpoint whose run computed in bfloat16: its fp32 master weights are not the function it trained."""
-    if requested == "auto":
-        return source.compute_dtype or "float32"
+    """`weights_dtype` of the evaluated model; warns when float32 is asked of a checkpoint whose run
+    computed in bfloat16 (its fp32 master weights are not the function it trained)."""
     if requested == "float32" and source.compute_dtype == "bfloat16":
         config_warning(
             f"dtype=float32 evaluates the fp32 master weights of {source.checkpoint}, whose run trained and "
             "sampled in bfloat16; updates below bf16's rounding step moved them without moving the "
             "policy it validated (dtype=auto evaluates that policy)"
         )
-    return requested
+    return weights_dtype(requested, source.model)
 
 
 def run_eval(cfg: EvalConfig) -> EvalResult:
