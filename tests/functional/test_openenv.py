@@ -5,7 +5,7 @@
 (b) posttrain environments served by `posttrain env serve` (math, the sliding puzzle), driven by
     OpenEnv's own client;
 (c) served episodes equal in-process ones bit for bit (rewards and their named components as float.hex,
-    observations, scored, the invalid-tool-call and malformed-thinking flags);
+    observations, scored, the invalid-tool-call and malformed-thinking flags, new_context);
 (d) a server killed mid-run: unscored episodes naming the server, never a silent 0; a restarted server
     continues the other episodes exactly (replay checked by digests).
 """
@@ -176,6 +176,7 @@ def play(env: Any, tasks: list[dict], seeds: list[int], scripts: list[list[str]]
                     {name: float(v).hex() for name, v in result.reward_components[j].items()},
                     result.invalid_tool_call[j],
                     result.malformed_thinking[j],
+                    result.new_context[j],
                 )
             )
             logs[i].extend(observation_messages(obs))
@@ -231,6 +232,22 @@ def test_served_puzzle_episodes_equal_in_process_bit_for_bit(puzzle_url: str) ->
     rewards = [[float.fromhex(r[0]) for r in episode] for episode in local_records]
     assert rewards[0][-1] == 1.0  # the BFS solution solves
     assert any(0.0 < r[-1] < 0.3 for r in rewards[1:])  # an unsolved end pays shaped_reward x tiles in place
+
+
+def test_a_served_puzzle_without_history_restarts_the_conversation_as_in_process() -> None:
+    """`history: false` over the wire: every observation of an unfinished episode comes with
+    new_context (the next prompt is the board alone), as in-process, and the rest bit for bit."""
+    kwargs = {**PUZZLE_KWARGS, "history": False}
+    local = SlidingPuzzleEnvironment(**kwargs)
+    tasks = local.generate_tasks(4, seed=11)
+    scripts = puzzle_scripts(tasks)
+    with thread_server(create_app("sliding_puzzle", kwargs)) as url:
+        remote = play(OpenEnvEnvironment(url, timeout_s=30), tasks, [1, 2, 3, 4], scripts)
+    local_run = play(local, tasks, [1, 2, 3, 4], scripts)
+    assert remote[1] == local_run[1]
+    flags = [(turn[2], turn[-1]) for episode in remote[1] for turn in episode]  # (done, new_context)
+    assert all(new_context == (not done) for done, new_context in flags)
+    assert any(new_context for _, new_context in flags)
 
 
 def test_served_math_equals_in_process_and_hand_values(math_url: str) -> None:

@@ -5,8 +5,8 @@ Each episode is one OpenEnv session over the server's WebSocket route (`/ws`): `
 episode's last assistant message as the action `{action_field: content}`. An observation becomes chat
 messages: its `messages` field when it has one (posttrain's servers, `posttrain.environments.openenv_protocol`), else
 its `observation_field` as one `observation_role` message, else the whole observation as JSON. Its
-`scored`, `info`, `tools`, `stop_strings`, `response_prefix`, `reward_components`, `invalid_tool_call`
-and `malformed_thinking` fields are read when present (defaults: scored, none, False).
+`scored`, `info`, `tools`, `stop_strings`, `response_prefix`, `reward_components`, `invalid_tool_call`,
+`malformed_thinking` and `new_context` fields are read when present (defaults: scored, none, False).
 
 What holds (tests/functional/test_openenv.py):
 - construction checks `GET /health` (with the retries) and raises `EnvironmentServerError` naming the
@@ -314,6 +314,7 @@ class OpenEnvEnvironment:
             ],
             invalid_tool_call=[bool(observation.get("invalid_tool_call", False))],
             malformed_thinking=[bool(observation.get("malformed_thinking", False))],
+            new_context=[bool(observation.get("new_context", False))],
         )
 
     def _unscored(self, meta: dict[str, Any], error: str) -> EnvStepResult:

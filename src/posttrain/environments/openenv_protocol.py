@@ -14,7 +14,9 @@ observation fields, which any OpenEnv client receives and may ignore (backwards 
 - `reward_components`: the named parts of the turn's reward ({} for none; the reward is their sum), for
   `advantage.estimator=gdpo`;
 - `invalid_tool_call`, `malformed_thinking`: the turn's flags (`EnvStepResult`), for
-  `advantage.invalid_tool_call_advantage` / `malformed_thinking_advantage`.
+  `advantage.invalid_tool_call_advantage` / `malformed_thinking_advantage`;
+- `new_context`: the messages replace the conversation (`EnvStepResult.new_context`): the next turn's
+  prompt is them alone, e.g. the sliding puzzle with `history: false`.
 
 A client that does not know a field ignores it; posttrain's client reads a field a server does not send
 as its default ({}, False), so either side may be older (backwards compatible).

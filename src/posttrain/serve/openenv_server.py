@@ -79,6 +79,9 @@ class ChatObservation(Observation):
     )
     invalid_tool_call: bool = Field(False, description="This turn made a tool call that could not be run")
     malformed_thinking: bool = Field(False, description="This turn's <think> block is malformed")
+    new_context: bool = Field(
+        False, description="The messages replace the conversation: the next turn's prompt is them alone"
+    )
 
 
 class EnvironmentHost:
@@ -181,6 +184,7 @@ def result_observation(result: EnvStepResult) -> ChatObservation:
         reward_components={name: float(v) for name, v in result.reward_components[0].items()},
         invalid_tool_call=bool(result.invalid_tool_call[0]),
         malformed_thinking=bool(result.malformed_thinking[0]),
+        new_context=bool(result.new_context[0]),
     )
 
 
