@@ -73,7 +73,7 @@ def test_eval_a_checkpoint_through_the_cli(tiny_model_dir, tmp_path, capsys):
 
 def test_a_checkpoint_evaluates_in_the_dtype_its_run_computed_in(tiny_model_dir, tmp_path):
     """dtype=auto: a checkpoint of a bf16-compute run evaluates in bfloat16 (its fp32 master weights are
-    not the function the run trained), an HF folder in float32; dtype=float32 on that checkpoint warns."""
+    not the function the run trained); dtype=float32 on that checkpoint warns."""
     from conftest import sft_overrides, write_sft_jsonl
 
     from posttrain.config.common import ConfigWarning
@@ -89,8 +89,7 @@ def test_a_checkpoint_evaluates_in_the_dtype_its_run_computed_in(tiny_model_dir,
         cfg = load_config(EvalConfig, None, _overrides(model, data, tmp_path / out, **extra))
         return run_eval(cfg).summary["dtype"]
 
-    assert evaluate(tmp_path / "run", "auto") == "bfloat16"
-    assert evaluate(tiny_model_dir, "folder") == "float32"
+    assert evaluate(tmp_path / "run", "auto") == "bfloat16"  # other models: tests/unit/test_weights_dtype.py
     with pytest.warns(ConfigWarning, match="fp32 master weights"):
         assert evaluate(tmp_path / "run", "fp32", dtype="float32") == "float32"
 
