@@ -41,8 +41,6 @@ class ModelSource:
     model: str
     tokenizer: str
     checkpoint: Path | None = None
-    # the dtype the checkpoint's run computed in (policy.dtype; its weights are the fp32 master weights)
-    compute_dtype: str | None = None
 
 
 def find_checkpoint(path: str | Path) -> Path | None:
@@ -93,7 +91,7 @@ def resolve_model_source(name: str, tokenizer_name: str | None = None) -> ModelS
     check_full_state(checkpoint)
     if tokenizer is None:
         tokenizer = str(model_dir) if _has_tokenizer(model_dir) else _tokenizer_from_run_config(checkpoint)
-    return ModelSource(str(model_dir), tokenizer, checkpoint, checkpoint_compute_dtype(checkpoint))
+    return ModelSource(str(model_dir), tokenizer, checkpoint)
 
 
 def check_full_state(checkpoint: Path) -> None:
@@ -189,7 +187,7 @@ def export_checkpoint(
             f"{checkpoint} is not a posttrain checkpoint (a step_* folder with {COMPLETE} and model/) "
             "nor a run directory that holds one"
         )
-    dtype = dtype or source.compute_dtype
+    dtype = dtype or checkpoint_compute_dtype(source.checkpoint)
     model = load_causal_lm(source.model, DTYPES[dtype] if dtype else "auto")
     return _write_export(out, source.checkpoint, source.tokenizer, max_shard_size, model=model)
 

@@ -148,7 +148,7 @@ def write_outputs(out_dir: Path, summary: dict[str, Any], samples: list[dict[str
 def eval_dtype(requested: str, source: ModelSource) -> str:
     """`weights_dtype` of the evaluated model; warns when float32 is asked of a checkpoint whose run
     computed in bfloat16 (its fp32 master weights are not the function it trained)."""
-    if requested == "float32" and source.compute_dtype == "bfloat16":
+    if requested == "float32" and weights_dtype("auto", source.model) == "bfloat16":
         config_warning(
             f"dtype=float32 evaluates the fp32 master weights of {source.checkpoint}, whose run trained and "
             "sampled in bfloat16; updates below bf16's rounding step moved them without moving the "
@@ -163,8 +163,9 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
     seed_everything(cfg.sampling.seed)
     tokenizer = load_tokenizer(source.tokenizer, cfg.chat_template)
     require_chat_template(tokenizer, source.tokenizer, cfg.chat_template, "chat_template")
+    dtype = eval_dtype(cfg.dtype, source)
     if cfg.metric == "loss":
-        return run_loss_eval(cfg, source, tokenizer, out_dir)
+        return run_loss_eval(cfg, source.model, dtype, tokenizer, out_dir)
     env_cfg = cfg.environment
     tasks = load_tasks(
         cfg.data.dataset,
@@ -176,7 +177,6 @@ def run_eval(cfg: EvalConfig) -> EvalResult:
         max_prompt_len=cfg.data.max_prompt_len,
     )
     max_seq_len = model_max_len(source.model, cfg.max_seq_len)
-    dtype = eval_dtype(cfg.dtype, source)
     with EnvironmentGroup(env_cfg.name, env_cfg.kwargs, backend="local") as env:
         n = cfg.sampling.samples_per_prompt
         params = sampling_params(cfg.generation, cfg.sampling.seed, environment=env_cfg)
@@ -261,7 +261,7 @@ def heldout_nll(model: Any, examples: list[TokenizedExample], batch_size: int) -
     return out
 
 
-def run_loss_eval(cfg: EvalConfig, source: ModelSource, tokenizer: Any, out_dir: Path) -> EvalResult:
+def run_loss_eval(cfg: EvalConfig, model_dir: str, dtype: str, tokenizer: Any, out_dir: Path) -> EvalResult:
     """metric=loss: the held-out loss of SFT rows. loss = sum of NLL over every assistant token of the
     set / their count (one token mean, as `posttrain sft`'s val/loss); perplexity = exp(loss).
     Writes summary.json and samples.jsonl (one row per sequence: its NLL sum and token count)."""
@@ -274,8 +274,7 @@ def run_loss_eval(cfg: EvalConfig, source: ModelSource, tokenizer: Any, out_dir:
 
     data = build_sft_dataset(cfg.data.dataset, tokenizer, max_seq_len=cfg.max_seq_len)
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-    dtype = eval_dtype(cfg.dtype, source)
-    model = load_causal_lm(source.model, DTYPES[dtype]).to(device)
+    model = load_causal_lm(model_dir, DTYPES[dtype]).to(device)
     rows = heldout_nll(model, data.examples, cfg.generation.batch_size)
     tokens = sum(c for _, c in rows)
     loss = sum(n for n, _ in rows) / tokens
